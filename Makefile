@@ -1,0 +1,68 @@
+# gpucourse — everything a learner, an instructor or CI needs is one `make` away.
+#
+#   make lab        create .venv if needed, install, open JupyterLab at chapter 00
+#   make test       create .venv if needed, install, run every test and every notebook
+#
+# Only python3 (>= 3.11) with pip and venv is needed; exact versions come from constraints.txt.
+
+PYTHON    ?= python3
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.gpucourse-installed
+LAB_ARGS  ?=
+# xdist workers for the test runs (each test/notebook starts its own processes, 2 suits 2 cores)
+WORKERS   ?= 2
+NBVAL     := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
+# tests: one intra-op thread per process (the tests start their own processes and threads),
+# fixed hashing, no plot windows
+TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0 MPLBACKEND=Agg
+
+.PHONY: lab test test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/00_setup.ipynb $(LAB_ARGS)
+
+test: test-package test-notebooks
+
+# pytest over gpucourse/ (unit tests, doctests) and tests/ (launcher, exercise pipeline, packaging)
+test-package: $(STAMP)
+	$(TEST_ENV) $(PY) -m pytest -n $(WORKERS) --dist loadscope -q
+
+# nbval over every lesson and every solutions notebook
+test-notebooks: $(STAMP)
+	$(TEST_ENV) $(PY) -m pytest -p no:python -n $(WORKERS) --dist loadscope -q $(NBVAL) notebooks solutions
+
+# regenerate exercises/ from solutions/ (the single source of every exercise)
+exercises: $(STAMP)
+	$(PY) -m gpucourse exercises
+
+check-exercises: $(STAMP)
+	$(PY) -m gpucourse exercises --check
+
+# re-execute lesson and solutions notebooks in place so their stored outputs are fresh
+# (course authors: run on an otherwise idle machine, the stored timings are measurements)
+notebooks: $(STAMP)
+	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) scripts/execute_notebooks.py notebooks/*.ipynb solutions/*.ipynb
+	$(PY) -m gpucourse exercises
+
+benchmarks: $(STAMP)
+	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+doctor: $(STAMP)
+	$(PY) -m gpucourse doctor
+
+# refresh the exact pins after changing pyproject.toml (course authors)
+constraints: $(STAMP)
+	{ echo "# Exact versions for \`make lab\` / \`make test\` (pip install -c constraints.txt -e '.[test]')."; \
+	  echo "# Lower bounds live in pyproject.toml. Regenerate: make constraints"; \
+	  $(PY) -m pip freeze --exclude-editable | grep -v '^gpucourse'; } > constraints.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

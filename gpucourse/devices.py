@@ -1,0 +1,105 @@
+"""Which devices a program sees: ``CUDA_VISIBLE_DEVICES`` remapping, and CPU "virtual devices".
+
+On a GPU machine, ``CUDA_VISIBLE_DEVICES="0,3"`` hides every GPU except physical 0 and 3 and
+*renumbers* the survivors: inside the program they are ``cuda:0`` and ``cuda:1``. The variable is
+read once, when CUDA initialises in the process, so it must be set before the first CUDA call —
+best in the shell (``CUDA_VISIBLE_DEVICES=0,3 python train.py``).
+
+On a CPU-only machine the course stands in for GPUs with *virtual devices*: the labels
+``cpu:0, cpu:1, ...``. They all live in the same RAM, but the course's DataParallel gives each one its
+own worker thread, so work placed on different virtual devices really runs at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+__all__ = ["visible_devices", "virtual_devices"]
+
+
+def visible_devices(spec: str | None) -> dict[int, int]:
+    """Map logical CUDA ids to physical ones for a ``CUDA_VISIBLE_DEVICES`` value.
+
+    Args:
+        spec: the variable's value, e.g. ``"0,3"``. ``None`` means "not set": every device this
+            machine has is visible under its own id.
+
+    Returns:
+        ``{logical id: physical id}`` — what ``cuda:<logical>`` in the program really is.
+
+    Like CUDA itself, the list ends at the first negative id: ``"-1"`` hides every GPU (a common
+    idiom) and ``"0,-1,2"`` is just ``{0: 0}``.
+
+    Example::
+
+        >>> visible_devices("0,3")
+        {0: 0, 1: 3}
+        >>> visible_devices("2, 1")      # order matters: logical 0 is physical 2
+        {0: 2, 1: 1}
+        >>> visible_devices("")          # set but empty: no GPU at all
+        {}
+        >>> visible_devices("1,x")
+        Traceback (most recent call last):
+        ...
+        ValueError: CUDA_VISIBLE_DEVICES entry 'x' (position 1 of '1,x') is not a device index; expected comma-separated integers such as '0,3'
+
+    .. warning::
+        Setting ``os.environ["CUDA_VISIBLE_DEVICES"]`` in a script only works *before* CUDA is
+        initialised in that process (before the first ``.cuda()``, ``torch.cuda.device_count()`` on
+        some builds, or any library that touches the GPU). Afterwards it is silently ignored.
+    """
+    if spec is None:
+        return {i: i for i in range(torch.cuda.device_count())}
+    if not isinstance(spec, str):
+        raise TypeError(f"spec must be a str like '0,3' or None, got {type(spec).__name__} {spec!r}")
+    if spec.strip() == "":
+        return {}
+    mapping: dict[int, int] = {}
+    for position, raw in enumerate(spec.split(",")):
+        entry = raw.strip()
+        if entry.startswith("GPU-") or entry.startswith("MIG-"):
+            raise ValueError(
+                f"CUDA_VISIBLE_DEVICES entry {entry!r} is a device UUID; this helper only maps "
+                "integer ids (run `nvidia-smi -L` to see which index has that UUID)")
+        try:
+            physical = int(entry)
+        except ValueError:
+            raise ValueError(
+                f"CUDA_VISIBLE_DEVICES entry {entry!r} (position {position} of {spec!r}) is not a "
+                "device index; expected comma-separated integers such as '0,3'") from None
+        if physical < 0:  # CUDA stops reading the list at the first invalid id
+            break
+        if physical in mapping.values():
+            raise ValueError(f"CUDA_VISIBLE_DEVICES lists physical device {physical} twice in {spec!r}")
+        mapping[len(mapping)] = physical
+    return mapping
+
+
+def virtual_devices(n: int) -> list[torch.device]:
+    """``n`` devices to run data parallelism on.
+
+    CUDA devices when at least ``n`` are visible, otherwise ``n`` CPU *virtual devices*
+    ``cpu:0 … cpu:{n-1}`` (labels that the course's DataParallel maps to worker threads).
+
+    Example::
+
+        >>> devs = virtual_devices(2)
+        >>> [str(d) for d in devs] in (["cuda:0", "cuda:1"], ["cpu:0", "cpu:1"])
+        True
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {type(n).__name__} {n!r}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1 device, got {n}")
+    if torch.cuda.is_available() and torch.cuda.device_count() >= n:
+        return [torch.device("cuda", i) for i in range(n)]
+    return [torch.device("cpu", i) for i in range(n)]
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (respects taskset/cgroups affinity where the OS tells)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

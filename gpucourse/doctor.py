@@ -1,0 +1,109 @@
+"""``python -m gpucourse doctor``: can the course run on this machine, and on what hardware?
+
+It reports what every chapter depends on — PyTorch and its build, CUDA devices and the
+``CUDA_VISIBLE_DEVICES`` mapping, communication backends, CPU cores, bf16 support — then proves the
+multi-process machinery works with a real 2-process gloo all-reduce, and ends with a one-line verdict.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from .devices import cpu_cores, visible_devices
+from .launcher import launch
+
+__all__ = ["doctor", "cpu_supports_bf16"]
+
+
+def cpu_supports_bf16() -> dict[str, bool]:
+    """Which bf16 hardware paths this CPU has (AMX tiles are the fast ones, on recent Xeons).
+
+    Example::
+
+        >>> sorted(cpu_supports_bf16())
+        ['amx_bf16', 'avx512_bf16', 'onednn_bf16']
+    """
+    flags = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    try:
+        onednn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        onednn = False
+    return {"amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
+            "onednn_bf16": onednn}
+
+
+def _smoke(rank: int, world_size: int) -> float:
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)
+    return float(t[0])
+
+
+def doctor(smoke_test: bool = True, file=None) -> bool:
+    """Print the report; return True when the course can run here."""
+    out = file or sys.stdout
+
+    def say(label: str, value: object) -> None:
+        print(f"{label:<24}{value}", file=out)
+
+    problems: list[str] = []
+    say("python", f"{platform.python_version()} ({sys.executable})")
+    say("platform", f"{platform.system()} {platform.machine()}")
+    cuda_build = torch.version.cuda or "none (CPU-only build)"
+    say("torch", f"{torch.__version__} (CUDA in build: {cuda_build})")
+    try:
+        import torchvision
+
+        say("torchvision", torchvision.__version__)
+    except Exception as e:  # noqa: BLE001 - report, don't crash
+        say("torchvision", f"NOT importable: {e}")
+        problems.append("torchvision does not import")
+    n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    say("CUDA devices", n_gpu)
+    for i in range(n_gpu):
+        props = torch.cuda.get_device_properties(i)
+        say(f"  cuda:{i}", f"{props.name}, {props.total_memory / 2**30:.1f} GiB")
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is None:
+        say("CUDA_VISIBLE_DEVICES", "not set (every GPU visible under its own id)")
+    else:
+        try:
+            say("CUDA_VISIBLE_DEVICES", f"{spec!r} -> logical:physical {visible_devices(spec)}")
+        except ValueError as e:
+            say("CUDA_VISIBLE_DEVICES", f"{spec!r} is malformed: {e}")
+            problems.append("CUDA_VISIBLE_DEVICES is malformed")
+    backends = {name: getattr(dist, f"is_{name}_available")() for name in ("gloo", "nccl", "mpi")}
+    say("backends", ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in backends.items()))
+    if not backends["gloo"]:
+        problems.append("gloo backend unavailable")
+    say("CPU cores", f"{cpu_cores()} usable (os.cpu_count()={os.cpu_count()})")
+    say("torch threads", torch.get_num_threads())
+    bf16 = cpu_supports_bf16()
+    say("CPU bf16", ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in bf16.items()))
+    if smoke_test and backends["gloo"]:
+        start = time.perf_counter()
+        try:
+            result = launch(_smoke, 2, timeout=60)
+            elapsed = time.perf_counter() - start
+            ok = result == [3.0, 3.0]
+            say("2-process all-reduce", f"{'ok' if ok else 'WRONG ' + str(result)} in {elapsed:.2f} s (gloo, loopback)")
+            if not ok:
+                problems.append("all-reduce returned a wrong sum")
+        except Exception as e:  # noqa: BLE001 - report, don't crash
+            say("2-process all-reduce", f"FAILED: {type(e).__name__}: {str(e).splitlines()[0]}")
+            problems.append("2-process gloo all-reduce failed")
+    if problems:
+        print(f"verdict: NOT READY — {'; '.join(problems)}", file=out)
+        return False
+    where = (f"{n_gpu} CUDA GPU(s): chapters use CUDA/NCCL where it helps" if n_gpu
+             else "CPU only: chapters use gloo processes and CPU virtual devices")
+    print(f"verdict: READY — {where}", file=out)
+    return True

@@ -1,0 +1,200 @@
+"""The exercise pipeline: ``solutions/`` is the single source, ``exercises/`` is generated from it.
+
+A solutions notebook marks every exercise like this::
+
+    ## Exercise 04.2 — ring all-reduce            <- markdown heading with the exercise id
+
+    def ring_all_reduce(tensor):                    <- code cell the learner completes
+        ### BEGIN SOLUTION
+        ...the reference answer...
+        ### END SOLUTION
+
+    # Check 04.2 — equals dist.all_reduce           <- code cell tagged "check": compares the
+    ...                                                learner's code with a reference on random
+                                                       inputs (asserts; a stub must fail)
+
+:func:`make_exercise_notebook` replaces each solution region by a stub that raises
+``NotImplementedError`` (keeping the region's indentation, so a function body stays a function
+body), clears the outputs of every other cell (they would give the answer away) and keeps check
+cells and their outputs. Cells tagged ``solution-only`` are dropped.
+
+Rule that keeps the pipeline honest: a solution region sits *inside a function*, so the cell that
+defines it still runs in the exercises notebook, and the first thing to fail is the check cell.
+``tests/test_exercises.py`` enforces that every exercises notebook fails exactly at its check cells.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+__all__ = ["BEGIN", "END", "strip_solutions", "make_exercise_notebook", "exercise_index",
+           "generate_exercises", "CHECK_HEADER", "EXERCISE_HEADING"]
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+CHECK_TAG = "check"
+SOLUTION_ONLY_TAG = "solution-only"
+#: first line of a check cell: ``# Check 04.2 — what is checked``
+CHECK_HEADER = re.compile(r"^#\s*Check\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$")
+#: markdown heading that opens an exercise: ``## Exercise 04.2 — title``
+EXERCISE_HEADING = re.compile(r"^#+\s*Exercise\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$",
+                              re.MULTILINE)
+
+
+class ExerciseFormatError(ValueError):
+    """A solutions notebook breaks the exercise conventions (the message says where and how)."""
+
+
+def strip_solutions(source: str, exercise_id: str, *, where: str = "cell") -> str:
+    """Replace every ``### BEGIN SOLUTION`` … ``### END SOLUTION`` region in ``source`` by a stub.
+
+    Example::
+
+        >>> src = '''def double(x):
+        ...     ### BEGIN SOLUTION
+        ...     return 2 * x
+        ...     ### END SOLUTION'''
+        >>> print(strip_solutions(src, "00.1"))
+        def double(x):
+            # YOUR CODE HERE
+            raise NotImplementedError("Exercise 00.1: replace this line with your code")
+    """
+    out: list[str] = []
+    inside = False
+    for number, line in enumerate(source.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped == BEGIN:
+            if inside:
+                raise ExerciseFormatError(f"{where}, line {number}: {BEGIN!r} inside another region")
+            inside = True
+            indent = line[: len(line) - len(line.lstrip())]
+            out.append(f"{indent}# YOUR CODE HERE")
+            out.append(f'{indent}raise NotImplementedError("Exercise {exercise_id}: replace this '
+                       'line with your code")')
+        elif stripped == END:
+            if not inside:
+                raise ExerciseFormatError(f"{where}, line {number}: {END!r} without {BEGIN!r}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ExerciseFormatError(f"{where}: {BEGIN!r} is never closed by {END!r}")
+    return "\n".join(out)
+
+
+def _tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def _has_solution(cell) -> bool:
+    return cell.cell_type == "code" and any(l.strip() == BEGIN for l in cell.source.splitlines())
+
+
+@dataclass
+class Exercise:
+    id: str
+    title: str
+    solution_cells: list[int]
+    check_cells: list[int]
+
+
+def exercise_index(nb, *, name: str = "notebook") -> dict[str, Exercise]:
+    """Find every exercise of a solutions notebook and validate the conventions.
+
+    Each ``## Exercise NN.k`` heading must be followed (before the next heading) by at least one
+    solution region and exactly one check cell tagged ``check`` whose first line is
+    ``# Check NN.k …``.
+    """
+    exercises: dict[str, Exercise] = {}
+    current: Exercise | None = None
+    for index, cell in enumerate(nb.cells):
+        where = f"{name}, cell {index}"
+        if cell.cell_type == "markdown":
+            m = EXERCISE_HEADING.search(cell.source)
+            if m:
+                if m["id"] in exercises:
+                    raise ExerciseFormatError(f"{where}: exercise {m['id']} appears twice")
+                current = Exercise(m["id"], m["title"].strip(), [], [])
+                exercises[current.id] = current
+            continue
+        if cell.cell_type != "code":
+            continue
+        first = cell.source.splitlines()[0] if cell.source else ""
+        is_check = CHECK_TAG in _tags(cell)
+        header = CHECK_HEADER.match(first)
+        if is_check and not header:
+            raise ExerciseFormatError(f"{where}: a check cell must start with '# Check NN.k — …', "
+                                      f"found {first!r}")
+        if header and not is_check:
+            raise ExerciseFormatError(f"{where}: starts with {first!r} but is not tagged 'check'")
+        if _has_solution(cell) or is_check:
+            if current is None:
+                raise ExerciseFormatError(f"{where}: solution or check cell before any "
+                                          "'## Exercise NN.k' heading")
+            if is_check and header["id"] != current.id:
+                raise ExerciseFormatError(f"{where}: check cell for {header['id']} inside exercise "
+                                          f"{current.id}")
+            if is_check and _has_solution(cell):
+                raise ExerciseFormatError(f"{where}: a check cell must not contain a solution region")
+            (current.check_cells if is_check else current.solution_cells).append(index)
+    for ex in exercises.values():
+        if not ex.solution_cells:
+            raise ExerciseFormatError(f"{name}: exercise {ex.id} has no '{BEGIN}' region")
+        if len(ex.check_cells) != 1:
+            raise ExerciseFormatError(f"{name}: exercise {ex.id} needs exactly one check cell, "
+                                      f"found {len(ex.check_cells)}")
+    return exercises
+
+
+def make_exercise_notebook(nb, *, name: str = "notebook"):
+    """The learner's version of a solutions notebook (a new notebook; ``nb`` is not modified)."""
+    exercises = exercise_index(nb, name=name)
+    owner = {i: ex.id for ex in exercises.values() for i in ex.solution_cells}
+    out = copy.deepcopy(nb)
+    cells = []
+    for index, cell in enumerate(out.cells):
+        if SOLUTION_ONLY_TAG in _tags(cell):
+            continue
+        cell.get("metadata", {}).pop("execution", None)
+        if cell.cell_type == "code":
+            if index in owner:
+                cell.source = strip_solutions(cell.source, owner[index], where=f"{name}, cell {index}")
+            if CHECK_TAG not in _tags(cell):
+                cell.outputs = []
+                cell.execution_count = None
+        cells.append(cell)
+    out.cells = cells
+    return out
+
+
+def generate_exercises(solutions_dir: str | Path, exercises_dir: str | Path, *,
+                       check_only: bool = False) -> list[Path]:
+    """Write ``exercises_dir/NN_*.ipynb`` from ``solutions_dir``; return the files that changed.
+
+    With ``check_only=True`` nothing is written: the return value lists the exercises notebooks
+    that are out of date (or missing, or no longer have a solutions source).
+    """
+    solutions_dir, exercises_dir = Path(solutions_dir), Path(exercises_dir)
+    changed: list[Path] = []
+    expected = set()
+    for src in sorted(solutions_dir.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(src, as_version=4)
+        text = nbformat.writes(make_exercise_notebook(nb, name=src.name)) + "\n"
+        dst = exercises_dir / src.name
+        expected.add(dst.name)
+        if not dst.exists() or dst.read_text(encoding="utf-8") != text:
+            changed.append(dst)
+            if not check_only:
+                exercises_dir.mkdir(parents=True, exist_ok=True)
+                dst.write_text(text, encoding="utf-8")
+    for stale in sorted(exercises_dir.glob("[0-9][0-9]_*.ipynb")):
+        if stale.name not in expected:
+            changed.append(stale)
+            if not check_only:
+                stale.unlink()
+    return changed

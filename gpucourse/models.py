@@ -1,0 +1,88 @@
+"""The small models the course trains: the seeds' CIFAR ``Net``, an MLP, and the DDP tutorial's toy.
+
+They are deliberately small so that every chapter trains them for real on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Net", "MLP", "ToyModel"]
+
+
+class Net(nn.Module):
+    """The seeds' CIFAR-10 network: conv → pool → conv → pool → fc → fc → fc (62k parameters).
+
+    Example::
+
+        >>> import torch
+        >>> net = Net()
+        >>> net(torch.zeros(4, 3, 32, 32)).shape          # (B, 3, 32, 32) -> (B, 10) logits
+        torch.Size([4, 10])
+        >>> sum(p.numel() for p in net.parameters())
+        62006
+    """
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)        # (B, 3, 32, 32) -> (B, 6, 28, 28) -> pool 14x14
+        self.conv2 = nn.Conv2d(6, 16, 5)       # (B, 6, 14, 14) -> (B, 16, 10, 10) -> pool 5x5
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(x, 1)                # the seeds' x.view(-1, 400), safe for any batch
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class MLP(nn.Sequential):
+    """Linear → ReLU → … → Linear. A ``nn.Sequential``, so it can also be split into pipeline stages.
+
+    Args:
+        sizes: layer widths, input first: ``MLP(32, 64, 10)`` is 32 → 64 → ReLU → 10.
+
+    Example::
+
+        >>> import torch
+        >>> MLP(32, 64, 10)(torch.zeros(5, 32)).shape
+        torch.Size([5, 10])
+    """
+
+    def __init__(self, *sizes: int):
+        if len(sizes) < 2:
+            raise ValueError(f"MLP needs at least an input and an output size, got {sizes}")
+        if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+            raise ValueError(f"MLP sizes must be positive ints, got {sizes}")
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Linear(a, b))
+            if i < len(sizes) - 2:
+                layers.append(nn.ReLU())
+        super().__init__(*layers)
+
+
+class ToyModel(nn.Module):
+    """PyTorch's DDP tutorial model: Linear(10, 10) → ReLU → Linear(10, 5).
+
+    Example::
+
+        >>> import torch
+        >>> ToyModel()(torch.zeros(20, 10)).shape
+        torch.Size([20, 5])
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.net1 = nn.Linear(10, 10)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(10, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net2(self.relu(self.net1(x)))

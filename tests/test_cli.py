@@ -1,0 +1,30 @@
+import subprocess
+import sys
+
+from gpucourse.doctor import doctor
+
+
+def test_doctor_reports_and_passes_smoke_test(capsys):
+    assert doctor() is True
+    out = capsys.readouterr().out
+    for label in ("torch", "CUDA devices", "backends", "CPU cores", "CPU bf16", "2-process all-reduce"):
+        assert label in out
+    assert "gloo=yes" in out and "ok in" in out and out.strip().splitlines()[-1].startswith("verdict: READY")
+
+
+def test_doctor_cli_exit_status():
+    r = subprocess.run([sys.executable, "-m", "gpucourse", "doctor"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "verdict: READY" in r.stdout
+
+
+def test_doctor_flags_malformed_visible_devices(monkeypatch, capsys):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,zero")
+    assert doctor(smoke_test=False) is False
+    assert "NOT READY" in capsys.readouterr().out
+
+
+def test_exercises_cli_check_mode():
+    r = subprocess.run([sys.executable, "-m", "gpucourse", "exercises", "--check"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1,0 +1,298 @@
+"""The notebook-safe launcher: results, failures, hangs, cleanup, re-runs, bad arguments."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gpucourse as gc
+import gpucourse.launcher as launch_mod
+
+import _launch_targets
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes; /proc tells on Linux
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+# --- results ---------------------------------------------------------------------------------
+
+def _identity(rank, world_size, scale):
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t)
+    return (rank, world_size, t.item() * scale, int(os.environ["RANK"]), os.getpid())
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_results_in_rank_order_with_a_real_collective(n):
+    out = gc.launch(_identity, n, args=(10,))
+    assert [o[0] for o in out] == list(range(n))
+    assert all(o[1] == n for o in out)
+    expected = 10.0 * sum(range(n))
+    assert [o[2] for o in out] == [expected] * n
+    assert [o[3] for o in out] == list(range(n))          # torchrun-style RANK is set
+    assert len({o[4] for o in out}) == n                  # really n processes
+    assert os.getpid() not in {o[4] for o in out}
+    assert not _wait_gone([o[4] for o in out])
+
+
+def test_output_is_grouped_in_rank_order(capsys):
+    def chatty(rank, world_size):
+        time.sleep(0.2 * (world_size - rank))  # rank 2 prints first, rank 0 last
+        print(f"hello from {rank}")
+        print(f"warning from {rank}", file=sys.stderr)
+        return rank
+
+    assert gc.launch(chatty, 3) == [0, 1, 2]
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [f"[rank {r}] hello from {r}" for r in range(3)]
+    assert captured.err.splitlines() == [f"[rank {r}] warning from {r}" for r in range(3)]
+
+
+def test_returns_tensors_and_arbitrary_picklable_objects():
+    def fn(rank, world_size):
+        return {"rank": rank, "t": torch.arange(3) * rank}
+
+    out = gc.launch(fn, 2)
+    assert out[1]["rank"] == 1 and torch.equal(out[1]["t"], torch.tensor([0, 1, 2]))
+
+
+def test_without_process_group_sets_env_for_env_init():
+    def fn(rank, world_size):
+        assert not dist.is_initialized()
+        dist.init_process_group("gloo")  # env:// from MASTER_ADDR/PORT, RANK, WORLD_SIZE
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        return (os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], t.item())
+
+    assert gc.launch(fn, 2, init_process_group=False) == [("0", "2", 2.0), ("1", "2", 2.0)]
+
+
+def test_each_rank_uses_one_intra_op_thread():
+    assert gc.launch(lambda r, w: torch.get_num_threads(), 2) == [1, 1]
+
+
+# --- failures --------------------------------------------------------------------------------
+
+def _fails_on_rank_one(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank one is unhappy")
+    dist.barrier()  # rank 0 would wait forever without the launcher's cleanup
+    return rank
+
+
+def test_raising_rank_becomes_worker_error_with_rank_and_traceback():
+    start = time.monotonic()
+    with pytest.raises(gc.WorkerError) as info:
+        gc.launch(_fails_on_rank_one, 2, timeout=30)
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    assert err.rank == 1 and err.exc_type == "ValueError"
+    assert "rank 1 raised ValueError: rank one is unhappy" in str(err)
+    assert "_fails_on_rank_one" in str(err) and "Traceback" in str(err)
+    assert time.monotonic() - start < 15  # did not wait for the 30 s timeout
+
+
+def test_rank_that_dies_silently_is_reported():
+    def fn(rank, world_size):
+        if rank == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.barrier()
+
+    with pytest.raises(gc.WorkerError) as info:
+        gc.launch(fn, 2, timeout=30)
+    assert info.value.rank == 0 and info.value.exitcode == -signal.SIGKILL
+    assert "SIGKILL" in str(info.value)
+
+
+def test_os_exit_without_result_is_reported():
+    def fn(rank, world_size):
+        if rank == 1:
+            os._exit(3)
+        return rank
+
+    with pytest.raises(gc.WorkerError, match="rank 1 died with exit code 3"):
+        gc.launch(fn, 2, init_process_group=False)
+
+
+def test_unpicklable_return_value_is_reported():
+    with pytest.raises(gc.WorkerError, match="could not be sent back"):
+        gc.launch(lambda r, w: (lambda: None), 1)
+
+
+def test_hang_raises_timeout_error_naming_ranks_and_where():
+    def fn(rank, world_size):
+        if rank == 0:
+            dist.barrier()   # rank 1 never joins this one: the classic mismatch
+        return rank
+
+    start = time.monotonic()
+    with pytest.raises(TimeoutError) as info:
+        gc.launch(fn, 2, timeout=3)
+    elapsed = time.monotonic() - start
+    assert elapsed < 12
+    msg = str(info.value)
+    assert "rank(s) [0] of 2 did not finish fn within 3 s" in msg
+    assert "[1] had returned from fn" in msg
+    assert "--- rank 0 was here when stopped ---" in msg and "in fn" in msg
+
+
+# --- cleanup and re-runs ----------------------------------------------------------------------
+
+def test_no_process_left_behind_after_failure_including_grandchildren(tmp_path):
+    def fn(rank, world_size, folder):
+        child = subprocess.Popen(["sleep", "60"])
+        (folder / f"{rank}.pid").write_text(f"{os.getpid()} {child.pid}")
+        if rank == 1:
+            raise RuntimeError("fail after starting a grandchild")
+        time.sleep(60)
+
+    with pytest.raises(gc.WorkerError):
+        gc.launch(fn, 2, args=(tmp_path,), timeout=30, init_process_group=False)
+    pids = [int(p) for f in tmp_path.glob("*.pid") for p in f.read_text().split()]
+    assert len(pids) == 4
+    assert not _wait_gone(pids), "a rank or its subprocess survived launch()"
+
+
+def test_no_process_left_behind_after_timeout(tmp_path):
+    def fn(rank, world_size, folder):
+        (folder / f"{rank}.pid").write_text(str(os.getpid()))
+        time.sleep(60)
+
+    with pytest.raises(TimeoutError):
+        gc.launch(fn, 2, args=(tmp_path,), timeout=2, init_process_group=False)
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    assert len(pids) == 2 and not _wait_gone(pids)
+
+
+def test_launch_works_again_after_failure_and_timeout():
+    with pytest.raises(gc.WorkerError):
+        gc.launch(_fails_on_rank_one, 2)
+    with pytest.raises(TimeoutError):
+        gc.launch(lambda r, w: time.sleep(30), 2, timeout=1)
+    assert gc.launch(_launch_targets.rank_sum, 2) == [1.0, 1.0]
+    assert not dist.is_initialized()
+
+
+def test_keyboard_interrupt_in_parent_kills_children(tmp_path):
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, time, pathlib
+        import gpucourse as gc
+        def fn(rank, world_size):
+            pathlib.Path({str(tmp_path)!r}, f"{{rank}}.pid").write_text(str(os.getpid()))
+            time.sleep(60)
+        try:
+            gc.launch(fn, 2, init_process_group=False, timeout=60)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert "interrupted" in out
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    assert len(pids) == 2 and not _wait_gone(pids)
+
+
+def test_function_defined_in_main_script_works(tmp_path):
+    # the situation of a notebook cell: fn lives in __main__, which spawn could not re-import
+    script = tmp_path / "main_fn.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torch.distributed as dist
+        import gpucourse as gc
+        def fn(rank, world_size):
+            t = torch.tensor([2.0 ** rank]); dist.all_reduce(t); return t.item()
+        print(gc.launch(fn, 3))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[7.0, 7.0, 7.0]"
+
+
+# --- start method choice ---------------------------------------------------------------------
+
+def test_spawn_path_runs_importable_functions(monkeypatch):
+    monkeypatch.setattr(launch_mod, "_choose_start_method", lambda fn: "spawn")
+    assert gc.launch(_launch_targets.rank_sum, 2) == [1.0, 1.0]
+
+
+def test_cuda_initialised_parent_uses_spawn_or_explains(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert launch_mod._choose_start_method(_launch_targets.rank_sum) == "spawn"
+
+    def local_fn(rank, world_size):
+        return rank
+
+    with pytest.raises(RuntimeError, match="move the function into a .py file"):
+        launch_mod._choose_start_method(local_fn)
+
+
+def test_refuses_when_parent_already_has_a_process_group(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="destroy_process_group"):
+        gc.launch(_launch_targets.rank_sum, 2)
+
+
+# --- bad arguments ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, exc, text", [
+    (dict(fn=42, nprocs=2), TypeError, "fn must be callable"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=0), ValueError, "nprocs must be >= 1, got 0"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=-3), ValueError, "got -3"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=2.0), TypeError, "nprocs must be an int"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=True), TypeError, "nprocs must be an int"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=2, timeout=0), ValueError, "timeout must be > 0"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=2, timeout=-1.5), ValueError, "got -1.5"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=2, timeout=float("nan")), ValueError, "timeout"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=2, timeout="60"), TypeError, "timeout must be a number"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=2, args=5), TypeError, "args=\\(x,\\)"),
+    (dict(fn=_launch_targets.rank_sum, nprocs=2, backend="tcp"), ValueError, "backend must be one of"),
+])
+def test_bad_arguments(kwargs, exc, text):
+    with pytest.raises(exc, match=text):
+        gc.launch(**kwargs)
+
+
+def test_nccl_without_gpus_says_so():
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has GPUs")
+    with pytest.raises(ValueError, match="one CUDA device per process"):
+        gc.launch(_launch_targets.rank_sum, 2, backend="nccl")
+
+
+@pytest.mark.multigpu
+def test_nccl_all_reduce_on_gpus():
+    def fn(rank, world_size):
+        t = torch.ones(4, device="cuda") * rank
+        dist.all_reduce(t)
+        return t.cpu().tolist(), torch.cuda.current_device()
+
+    out = gc.launch(fn, 2, backend="nccl")
+    assert out == [([1.0] * 4, 0), ([1.0] * 4, 1)]

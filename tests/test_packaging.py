@@ -1,0 +1,72 @@
+"""Install metadata stays consistent: pyproject ⇄ environment.yml ⇄ constraints ⇄ Makefile ⇄ CI."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
+
+
+def _split(req: str) -> tuple[str, str]:
+    m = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*(.*)$", req)
+    return m[1].lower().replace("_", "-"), m[2].replace(" ", "")
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_environment_yml_matches_pyproject():
+    project = _pyproject()
+    wanted = dict(_split(r) for r in project["dependencies"] + project["optional-dependencies"]["test"])
+    wanted = {CONDA_NAMES.get(k, k): v for k, v in wanted.items()}
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert env["channels"] == ["conda-forge"]
+    conda = {}
+    pip_section = None
+    for dep in env["dependencies"]:
+        if isinstance(dep, dict):
+            pip_section = dep["pip"]
+            continue
+        name, spec = _split(dep)
+        if name not in ("python", "pip"):
+            conda[name] = spec
+    assert conda == wanted, (
+        f"only in environment.yml: {sorted(set(conda) - set(wanted))}; "
+        f"only in pyproject.toml: {sorted(set(wanted) - set(conda))}; "
+        f"different bounds: {sorted(k for k in set(conda) & set(wanted) if conda[k] != wanted[k])}")
+    assert pip_section == ["-e ."]
+    assert _split(next(d for d in env["dependencies"] if str(d).startswith("python")))[1] == \
+        project["requires-python"]
+
+
+def test_constraints_pin_every_dependency_exactly():
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, spec = _split(line)
+            pins[name] = spec
+    assert pins["torch"] == "==2.14.1" and pins["torchvision"] == "==0.29.1"
+    project = _pyproject()
+    for req in project["dependencies"] + project["optional-dependencies"]["test"]:
+        name, _ = _split(req)
+        assert pins.get(name, "").startswith("=="), f"{name} has no exact pin in constraints.txt"
+
+
+def test_makefile_and_ci_use_the_pins_and_make_test():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-c constraints.txt" in makefile
+    assert re.search(r"^lab:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+    assert "$(LAB_ARGS)" in makefile and "notebooks/00_setup.ipynb" in makefile
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci and "set -euo pipefail" in ci
+    assert "|| true" not in ci and "; true" not in ci
+
+
+def test_readme_starts_with_the_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    first_block = readme[: readme.index("\n## ", readme.index("make test"))]
+    assert "make lab" in first_block and "make test" in first_block
