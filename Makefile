@@ -10,6 +10,8 @@ VENV      ?= .venv
 PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.gpucourse-installed
 LAB_ARGS  ?=
+# JupyterLab refuses to start as root (common in containers) unless told it is deliberate
+LAB_ROOT  := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 # xdist workers for the test runs (each test/notebook starts its own processes, 2 suits 2 cores)
 WORKERS   ?= 2
 NBVAL     := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
@@ -27,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/00_setup.ipynb $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks/00_setup.ipynb $(LAB_ROOT) $(LAB_ARGS)
 
 test: test-package test-notebooks
 

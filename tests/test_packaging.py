@@ -60,7 +60,7 @@ def test_makefile_and_ci_use_the_pins_and_make_test():
     makefile = (ROOT / "Makefile").read_text()
     assert "-c constraints.txt" in makefile
     assert re.search(r"^lab:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
-    assert "$(LAB_ARGS)" in makefile and "notebooks/00_setup.ipynb" in makefile
+    assert "$(LAB_ARGS)" in makefile and "/lab/tree/notebooks/00_setup.ipynb" in makefile
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci and "set -euo pipefail" in ci
     assert "|| true" not in ci and "; true" not in ci
