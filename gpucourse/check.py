@@ -36,14 +36,14 @@ def _current_env_kernel_manager():
     """A kernel manager that starts ipykernel with *this* interpreter (like nbval --nbval-current-env)."""
     import ipykernel.kernelspec
     from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
 
     class CurrentEnv(KernelSpecManager):
         def get_kernel_spec(self, kernel_name):
             return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
                                           **ipykernel.kernelspec.get_kernel_dict())
 
-    return KernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnv())
+    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnv())
 
 
 def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: bool = True):

@@ -74,3 +74,15 @@ def test_missing_file(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpucourse", "check", str(tmp_path / "nope.ipynb")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_hanging_cell_is_stopped_by_the_cell_timeout(tmp_path):
+    nb = _nb("return x * x")
+    nb.cells.insert(3, new_code_cell("import time\ntime.sleep(120)"))
+    path = tmp_path / "slow.ipynb"
+    nbformat.write(nb, path)
+    r = subprocess.run([sys.executable, "-m", "gpucourse", "check", "--cell-timeout", "3", str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "99.1  ✓" in r.stdout                       # ran before the hang
+    assert "99.2  ✗" in r.stdout and "not run: a cell ran longer than 3 s" in r.stdout
