@@ -22,32 +22,25 @@ import gpucourse as gc
 TARGET = 2.0
 
 
-def compare(name, make_model, batch, in_features, out_features, device="cpu", dtypes=(torch.bfloat16,),
-            repeats=10):
-    """Time one training step per dtype on identical fresh models; return (baseline, timings, op shares)."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, in_features, generator=g).to(device)
-    y = torch.randn(batch, out_features, generator=g).to(device)
-    timings, shares = [], []
-    for dtype in (None, *dtypes):
-        torch.manual_seed(0)
-        model = make_model().to(device)
-        scaler = gc.LossScaler() if dtype is torch.float16 else None
-        step = gc.training_step(model, x, y, dtype=dtype, scaler=scaler)
-        label = f"{name} {'fp32' if dtype is None else str(dtype).replace('torch.', '')} ({device})"
-        timings.append(gc.measure(step, repeats=repeats, warmup=2, name=label))
-        shares.append((label, gc.op_time_shares(step)))
-    return timings[0], timings[1:], shares
+def bf16_cpu_flags():
+    """The CPU's bf16 instruction sets, from /proc/cpuinfo (Linux; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [flag for flag in ("amx_bf16", "avx512_bf16") if flag in flags]
 
 
-def report(baseline, others, shares):
-    print(gc.format_comparison(baseline, *others))
-    width = max(len(label) for label, _ in shares)
-    for label, times in shares:
-        print(f"  time split, {label:<{width}}: {times}")
-    p = shares[0][1].share("matmul")
+def report(runs):
+    print(gc.format_comparison(*(r.timing for r in runs)))
+    width = max(len(r.timing.name) for r in runs)
+    for r in runs:
+        print(f"  time split, {r.timing.name:<{width}}: {r.split}")
+    p = runs[0].split.share("matmul")
     print(f"  fp32 matmul share p = {p:.0%}: even infinitely fast matmuls give at most "
           f"{1 / (1 - p) if p < 1 else float('inf'):.1f}x")
+    return gc.speedup(runs[0].timing, runs[1].timing)
 
 
 def main():
@@ -56,31 +49,28 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"{torch.get_num_threads()} thread(s)")
+          f"bf16 instructions: {', '.join(bf16_cpu_flags()) or 'none found'}, {torch.get_num_threads()} thread(s)")
 
     print("\n== 1) matmul-heavy: MLP 1024 -> 4096 -> 1024, batch 512")
-    base, (bf16,), shares = compare("MLP", lambda: gc.MLP(1024, 4096, 1024), 512, 1024, 1024)
-    report(base, [bf16], shares)
-    ratio = gc.speedup(base, bf16)
+    ratio = report(gc.compare_precisions(lambda: gc.MLP(1024, 4096, 1024), 512, 1024, repeats=10, name="MLP"))
 
     print("\n== 2) element-wise-bound: ElementwiseNet(width=32, depth=4, ops=2), batch 32768")
-    ebase, (ebf16,), eshares = compare("ElementwiseNet", lambda: gc.ElementwiseNet(32, 4, 2), 32768, 32, 32)
-    report(ebase, [ebf16], eshares)
-    print(f"  -> {gc.speedup(ebase, ebf16):.2f}x: its time is in element-wise ops, which bf16 does not make "
+    eratio = report(gc.compare_precisions(lambda: gc.ElementwiseNet(32, 4, 2), 32768, 32, repeats=10,
+                                          name="ElementwiseNet"))
+    print(f"  -> {eratio:.2f}x: its time is in element-wise ops, which bf16 does not make "
           "faster on a CPU (they are limited by memory traffic), and autocast adds casts.")
 
     if torch.cuda.is_available():
-        dtypes = (torch.float16, torch.bfloat16) if torch.cuda.is_bf16_supported() else (torch.float16,)
+        dtypes = (None, torch.float16) + ((torch.bfloat16,) if torch.cuda.is_bf16_supported() else ())
         print(f"\n== CUDA ({torch.cuda.get_device_name()}): MLP 1024 -> 4096 -> 1024, batch 512")
-        cbase, cothers, cshares = compare("MLP", lambda: gc.MLP(1024, 4096, 1024), 512, 1024, 1024,
-                                          device="cuda", dtypes=dtypes, repeats=30)
-        report(cbase, cothers, cshares)
+        report(gc.compare_precisions(lambda: gc.MLP(1024, 4096, 1024), 512, 1024, device="cuda",
+                                     dtypes=dtypes, repeats=30, name="MLP"))
 
     met = ratio >= TARGET
     print(f"\nMLP training step, bf16 autocast vs fp32 on CPU: {ratio:.2f}x (target >= {TARGET:.0f}x): "
           f"{'MET' if met else 'NOT MET'}")
-    if not met and torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AMX"):
-        print("  (this CPU has no fast bf16 instructions; the target assumes AMX or AVX-512-bf16)")
+    if not met and not bf16_cpu_flags():
+        print("  (no bf16 instructions found on this CPU; the target assumes AMX or AVX-512-bf16)")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["ElementwiseNet", "training_step", "op_time_shares", "OpTimes"]
+from .timing import Timing, measure
+
+__all__ = ["ElementwiseNet", "training_step", "op_time_shares", "OpTimes", "PrecisionRun",
+           "compare_precisions", "plot_time_split"]
 
 # aten ops that are matrix products (what autocast lowers to bf16/fp16 for speed)
 _MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "convolution",
@@ -187,3 +190,91 @@ def op_time_shares(fn: Callable[[], object], *, warmup: int = 1) -> OpTimes:
     with _TimeOps() as timer:
         fn()
     return OpTimes(timer.per_op, sum(timer.per_op.values()))
+
+
+@dataclass
+class PrecisionRun:
+    """One model timed in one precision: the step :class:`~gpucourse.Timing` and its :class:`OpTimes`."""
+
+    timing: Timing
+    split: OpTimes
+    dtype: torch.dtype | None
+
+
+def _dtype_name(dtype) -> str:
+    return {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+
+
+def compare_precisions(make_model: Callable[[], nn.Module], batch: int, in_features: int,
+                       out_features: int | None = None, *, device: str = "cpu",
+                       dtypes=(None, torch.bfloat16), repeats: int = 5, warmup: int = 2,
+                       name: str = "model", seed: int = 0) -> list[PrecisionRun]:
+    """Time a training step of fresh, identical models in each precision, and split each step's time.
+
+    Args:
+        make_model: builds the model (called once per dtype, after ``torch.manual_seed(seed)``).
+        batch, in_features, out_features: shape of the random regression batch
+            (``out_features`` defaults to ``in_features``).
+        device: ``"cpu"`` or ``"cuda"``.
+        dtypes: ``None`` (fp32, put it first: it is the baseline), ``torch.bfloat16``,
+            ``torch.float16`` (gets a :class:`~gpucourse.LossScaler`).
+        repeats, warmup: passed to :func:`gpucourse.measure`.
+        name: label prefix, e.g. ``"MLP"`` → ``"MLP bf16 (cpu)"``.
+
+    Example::
+
+        >>> from gpucourse.models import MLP
+        >>> runs = compare_precisions(lambda: MLP(16, 16), 8, 16, repeats=1, warmup=0, name="tiny")
+        >>> [r.timing.name for r in runs]
+        ['tiny fp32 (cpu)', 'tiny bf16 (cpu)']
+
+    .. warning::
+        The ratio depends on the hardware (bf16 units or not), the number of threads and the
+        model's shape. Compare runs of the same call on the same idle machine only.
+    """
+    from .loss_scaling import LossScaler   # noqa: PLC0415 - keep module imports one-directional
+
+    for dtype in dtypes:
+        if dtype not in (None, torch.float16, torch.bfloat16):
+            raise ValueError(f"dtypes may contain None, torch.float16 and torch.bfloat16, got {dtype!r}")
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, in_features, generator=g).to(device)
+    y = torch.randn(batch, out_features or in_features, generator=g).to(device)
+    runs = []
+    for dtype in dtypes:
+        torch.manual_seed(seed)
+        scaler = LossScaler() if dtype is torch.float16 else None
+        step = training_step(make_model().to(device), x, y, dtype=dtype, scaler=scaler)
+        timing = measure(step, repeats=repeats, warmup=warmup, name=f"{name} {_dtype_name(dtype)} ({device})")
+        runs.append(PrecisionRun(timing, op_time_shares(step, warmup=0), dtype))
+    return runs
+
+
+def plot_time_split(runs: list[PrecisionRun], ax=None):
+    """Stacked bars: each run's median step time split into matmul, cast and other ops.
+
+    Example::
+
+        >>> import matplotlib
+        >>> matplotlib.use("Agg")
+        >>> from collections import Counter
+        >>> run = PrecisionRun(Timing("m fp32", [0.01]), OpTimes(Counter(mm=0.008, relu=0.002), 0.01), None)
+        >>> ax = plot_time_split([run])
+        >>> len(ax.patches)                     # matmul, cast, other
+        3
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.6 + 0.45 * len(runs)))
+    labels = [r.timing.name for r in runs]
+    left = [0.0] * len(runs)
+    for kind, color, text in (("matmul", "C0", "matmul"), ("cast", "C3", "casts"),
+                              ("other", "C2", "element-wise & other")):
+        widths = [r.timing.median * 1e3 * r.split.share(kind) for r in runs]
+        ax.barh(labels, widths, left=left, color=color, label=text)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set(xlabel="ms per training step (median)", title="Where a training step's time goes")
+    ax.legend(loc="lower right")
+    return ax
