@@ -53,11 +53,21 @@ def _check_autocast_args(device_type, dtype) -> None:
 class AmpStepResult:
     """What one :func:`amp_step` did.
 
-    Attributes:
+    Args:
         loss: the (unscaled) loss of this step.
         scale: the loss scale used for the backward pass (``None`` without a scaler).
         skipped: ``True`` if the optimizer step was skipped because a gradient was inf/NaN.
         grad_norm: total gradient norm before clipping (only when ``max_grad_norm`` was given).
+
+    Example::
+
+        >>> r = AmpStepResult(loss=0.7, scale=65536.0, skipped=False, grad_norm=None)
+        >>> r.skipped
+        False
+
+    .. warning::
+        ``skipped`` is read from the scale going down in ``update()``; a scaler with
+        ``enabled=False`` never reports a skipped step, even if the gradients were inf/NaN.
     """
 
     loss: float
@@ -187,7 +197,23 @@ class AutocastModule(nn.Module):
 
 @dataclass(frozen=True)
 class OpRecord:
-    """One call seen under autocast: the function's name, its tensor inputs' dtypes, its output dtype."""
+    """One call seen under autocast: the function's name, its tensor inputs' dtypes, its output dtype.
+
+    Args:
+        name: the torch function's name (``"linear"``).
+        input_dtypes: dtypes of its tensor arguments.
+        output_dtype: dtype of its result.
+
+    Example::
+
+        >>> import torch
+        >>> OpRecord("cross_entropy", (torch.bfloat16, torch.int64), torch.float32).kind
+        'fp32'
+
+    .. warning::
+        ``kind`` is inferred from dtypes: an op that merely promotes mixed inputs can look like a
+        cast made by autocast.
+    """
 
     name: str
     input_dtypes: tuple
@@ -258,12 +284,19 @@ def _short(dtype) -> str:
 def format_op_table(records: list[OpRecord]) -> str:
     """A printable table of :func:`autocast_op_dtypes` records.
 
+    Args:
+        records: what :func:`autocast_op_dtypes` returned.
+
     Example::
 
         >>> import torch
         >>> print(format_op_table([OpRecord("linear", (torch.float32, torch.float32), torch.bfloat16)]))
         op      inputs      -> output  autocast
         linear  fp32, fp32  -> bf16    lower precision
+
+    .. warning::
+        Only the outermost torch calls are listed; what happens inside ``F.cross_entropy`` (its
+        ``log_softmax``) is not shown separately.
     """
     rows = [(r.name, ", ".join(_short(d) for d in r.input_dtypes), _short(r.output_dtype), r.kind)
             for r in records]

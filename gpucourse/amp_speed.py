@@ -125,7 +125,22 @@ def training_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
 
 @dataclass
 class OpTimes:
-    """Wall time per aten operator during one call, and its split into matmul / cast / other."""
+    """Wall time per aten operator during one call, and its split into matmul / cast / other.
+
+    Args:
+        per_op: seconds per aten op name (``"mm"``, ``"_to_copy"``, ``"relu"`` ...).
+        total: their sum.
+
+    Example::
+
+        >>> t = OpTimes(Counter(mm=0.03, _to_copy=0.01, relu=0.01), 0.05)
+        >>> print(t)
+        matmul 60.0% | casts 20.0% | element-wise and other 20.0%
+
+    .. warning::
+        Ops are classified by name; a custom or fused kernel that does a matmul under another
+        name counts as "other".
+    """
 
     per_op: Counter
     total: float
@@ -137,6 +152,9 @@ class OpTimes:
         return self.seconds(kind) / self.total if self.total > 0 else 0.0
 
     def seconds(self, kind: str) -> float:
+        """Seconds spent in ``"matmul"``, ``"cast"`` or ``"other"`` ops."""
+        if kind not in ("matmul", "cast", "other"):
+            raise ValueError(f"kind must be 'matmul', 'cast' or 'other', got {kind!r}")
         ops = {"matmul": _MATMUL_OPS, "cast": _CAST_OPS}
         if kind == "other":
             return sum(t for op, t in self.per_op.items() if op not in _MATMUL_OPS | _CAST_OPS)
@@ -171,6 +189,10 @@ def op_time_shares(fn: Callable[[], object], *, warmup: int = 1) -> OpTimes:
     A small profiler: a ``TorchDispatchMode`` sees every operator — forward, backward and optimizer
     — with the dtypes autocast chose, so casts show up as ``_to_copy``.
 
+    Args:
+        fn: the work to split, e.g. a :func:`training_step`.
+        warmup: untimed calls first (kernel selection, caches).
+
     Example::
 
         >>> import torch
@@ -194,7 +216,23 @@ def op_time_shares(fn: Callable[[], object], *, warmup: int = 1) -> OpTimes:
 
 @dataclass
 class PrecisionRun:
-    """One model timed in one precision: the step :class:`~gpucourse.Timing` and its :class:`OpTimes`."""
+    """One model timed in one precision: the step :class:`~gpucourse.Timing` and its :class:`OpTimes`.
+
+    Args:
+        timing: repeated step times.
+        split: one step's time per op kind.
+        dtype: ``None`` (fp32), ``torch.bfloat16`` or ``torch.float16``.
+
+    Example::
+
+        >>> run = PrecisionRun(Timing("MLP fp32", [0.2, 0.1, 0.3]), OpTimes(Counter(mm=0.1), 0.1), None)
+        >>> run.timing.median, run.split.share("matmul")
+        (0.2, 1.0)
+
+    .. warning::
+        ``split`` comes from one extra, separately timed step, so its total differs a little from
+        ``timing.median``; use it for shares.
+    """
 
     timing: Timing
     split: OpTimes
@@ -253,6 +291,10 @@ def compare_precisions(make_model: Callable[[], nn.Module], batch: int, in_featu
 def plot_time_split(runs: list[PrecisionRun], ax=None):
     """Stacked bars: each run's median step time split into matmul, cast and other ops.
 
+    Args:
+        runs: what :func:`compare_precisions` returned (several calls may be concatenated).
+        ax: matplotlib axes to draw into (a new figure if ``None``).
+
     Example::
 
         >>> import matplotlib
@@ -262,6 +304,10 @@ def plot_time_split(runs: list[PrecisionRun], ax=None):
         >>> ax = plot_time_split([run])
         >>> len(ax.patches)                     # matmul, cast, other
         3
+
+    .. warning::
+        Bars of different machines or thread counts are not comparable; draw one run of
+        :func:`compare_precisions` per figure.
     """
     import matplotlib.pyplot as plt
 

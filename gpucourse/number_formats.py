@@ -157,12 +157,19 @@ def float_format(dtype: torch.dtype) -> FloatFormat:
 def format_table(dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> str:
     """A printable table of bits, range and precision for ``dtypes``.
 
+    Args:
+        dtypes: formats to list, each one :func:`float_format` knows.
+
     Example::
 
         >>> import torch
         >>> print(format_table([torch.float16]))
         format  bits  exp  mant        max  smallest normal  smallest subnormal       eps  digits
         fp16      16    5    10  6.550e+04        6.104e-05           5.960e-08  9.77e-04     3.3
+
+    .. warning::
+        ``digits`` is the precision *relative* to a number's size, not a count of decimals: fp16
+        holds 1000.5 as 1000.5 but 10000.5 as 10000.0.
     """
     lines = [f"{'format':<6}  {'bits':>4}  {'exp':>3}  {'mant':>4}  {'max':>9}  {'smallest normal':>15}  "
              f"{'smallest subnormal':>18}  {'eps':>8}  {'digits':>6}"]
@@ -176,7 +183,22 @@ def format_table(dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> str:
 
 @dataclass(frozen=True)
 class BitFields:
-    """The stored bits of one number: ``sign``, ``exponent`` and ``mantissa`` as strings of 0/1."""
+    """The stored bits of one number: ``sign``, ``exponent`` and ``mantissa`` as strings of 0/1.
+
+    Args:
+        sign, exponent, mantissa: the bit fields, most significant bit first.
+        value: the number these bits mean (after rounding to the format).
+
+    Example::
+
+        >>> import torch
+        >>> b = bit_fields(-0.75, torch.float16)
+        >>> b.sign, b.exponent, b.mantissa, b.value
+        ('1', '01110', '1000000000', -0.75)
+
+    .. warning::
+        An all-ones exponent means inf (mantissa 0) or NaN, not a large number.
+    """
 
     sign: str
     exponent: str
@@ -222,11 +244,23 @@ def bit_fields(x: float, dtype: torch.dtype) -> BitFields:
 class CastReport:
     """What a cast did to the non-zero finite elements of a tensor (counts and shares).
 
-    Attributes:
+    Args:
+        dtype: the format cast to.
         total: non-zero finite elements before the cast.
         underflow: of those, how many became exactly 0.
         subnormal: how many became subnormal (non-zero, but with fewer significant bits).
         overflow: how many became ±inf.
+
+    Example::
+
+        >>> import torch
+        >>> r = CastReport(torch.float16, total=4, underflow=1, subnormal=2, overflow=0)
+        >>> r.underflow_fraction, r.subnormal_fraction
+        (0.25, 0.5)
+
+    .. warning::
+        The shares are of the non-zero finite elements only; a tensor that is mostly zeros (after
+        ReLU, say) can show a large share of a small count.
     """
 
     dtype: torch.dtype
@@ -298,6 +332,10 @@ def cast_report(tensor: torch.Tensor, dtype: torch.dtype) -> CastReport:
 def underflow_fraction(tensor: torch.Tensor, dtype: torch.dtype) -> float:
     """Share of the non-zero finite elements of ``tensor`` that become exactly 0 in ``dtype``.
 
+    Args:
+        tensor: e.g. a gradient.
+        dtype: the format to test.
+
     Example::
 
         >>> import torch
@@ -352,6 +390,10 @@ def lost_update_fraction(weights: torch.Tensor, updates: torch.Tensor, dtype: to
 def plot_ranges(dtypes=(torch.float32, torch.bfloat16, torch.float16), ax=None):
     """Draw each format's magnitude range on a log2 axis: subnormals light, normals dark.
 
+    Args:
+        dtypes: formats to draw, top to bottom.
+        ax: matplotlib axes to draw into (a new figure if ``None``).
+
     Returns the matplotlib ``Axes``.
 
     Example::
@@ -361,6 +403,10 @@ def plot_ranges(dtypes=(torch.float32, torch.bfloat16, torch.float16), ax=None):
         >>> ax = plot_ranges()
         >>> [t.get_text() for t in ax.get_yticklabels()]
         ['fp32', 'bf16', 'fp16']
+
+    .. warning::
+        The bars show range only. Precision (eps) is the same across a format's normal range and
+        fades in the subnormal part.
     """
     import matplotlib.pyplot as plt
 
@@ -396,6 +442,10 @@ def plot_log2_histogram(values, dtype: torch.dtype = torch.float16, ax=None, bin
         >>> ax = plot_log2_histogram({"grads": torch.randn(1000) * 1e-6})
         >>> ax.get_xlabel()
         'log2 |value|'
+
+    .. warning::
+        Zeros, infs and NaNs are left out (log2 of them is meaningless), so check
+        :func:`cast_report` for counts.
     """
     import matplotlib.pyplot as plt
 

@@ -253,3 +253,19 @@ def test_cuda_amp_step_equals_recipe(dtype):
     assert sa.get_scale() == sb.get_scale()
     for pa, pb in zip(ma.parameters(), mb.parameters()):
         assert torch.equal(pa, pb)
+
+
+def test_compare_precisions_and_plot():
+    import matplotlib
+    matplotlib.use("Agg")
+    runs = gc.compare_precisions(lambda: gc.MLP(16, 16), 8, 16, dtypes=(None, torch.bfloat16, torch.float16),
+                                 repeats=2, warmup=1, name="tiny")
+    assert [r.timing.name for r in runs] == ["tiny fp32 (cpu)", "tiny bf16 (cpu)", "tiny fp16 (cpu)"]
+    assert [r.dtype for r in runs] == [None, torch.bfloat16, torch.float16]
+    assert all(len(r.timing.times) == 2 and r.split.total > 0 for r in runs)
+    ax = gc.plot_time_split(runs)
+    assert len(ax.patches) == 3 * len(runs)
+    with pytest.raises(ValueError, match="dtypes may contain"):
+        gc.compare_precisions(lambda: gc.MLP(4, 4), 2, 4, dtypes=(torch.float64,))
+    with pytest.raises(ValueError, match="kind"):
+        runs[0].split.seconds("flops")
