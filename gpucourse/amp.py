@@ -29,8 +29,8 @@ The recipe that replaced NVIDIA Apex's ``amp.initialize(model, optimizer, opt_le
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -177,8 +177,9 @@ class AutocastModule(nn.Module):
     .. warning::
         Old posts say DataParallel "cannot be combined with mixed precision" — that was Apex's
         restriction. With ``torch.autocast`` it works, as long as autocast is entered inside the
-        replica's ``forward`` (``torch.nn.DataParallel`` now also forwards the caller's autocast
-        state to its threads; hand-made thread pools do not).
+        replica's ``forward``. ``torch.nn.DataParallel`` passes only the caller's autocast *on/off*
+        state to its threads, not the dtype (that is thread-local too): a caller's bf16 region runs
+        the replicas in the device's default, fp16 on CUDA. Hand-made thread pools pass nothing.
     """
 
     def __init__(self, module: nn.Module, device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16):

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -270,7 +270,7 @@ def compare_precisions(make_model: Callable[[], nn.Module], batch: int, in_featu
         The ratio depends on the hardware (bf16 units or not), the number of threads and the
         model's shape. Compare runs of the same call on the same idle machine only.
     """
-    from .loss_scaling import LossScaler   # noqa: PLC0415 - keep module imports one-directional
+    from .loss_scaling import LossScaler   # imported here: loss_scaling does not depend on this module
 
     for dtype in dtypes:
         if dtype not in (None, torch.float16, torch.bfloat16):

@@ -62,8 +62,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     # 1) who am I? torchrun sets these; without torchrun: a world of one process
-    rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(gc.free_port()))
     use_cuda = torch.cuda.is_available()

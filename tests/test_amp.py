@@ -6,7 +6,6 @@ import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -269,3 +268,29 @@ def test_compare_precisions_and_plot():
         gc.compare_precisions(lambda: gc.MLP(4, 4), 2, 4, dtypes=(torch.float64,))
     with pytest.raises(ValueError, match="kind"):
         runs[0].split.seconds("flops")
+
+
+def test_autocast_dtype_is_thread_local_too():
+    """What torch.nn.DataParallel's workers do — re-enter autocast with only `enabled` — loses the dtype."""
+    seen = {}
+
+    def worker(enabled):
+        with torch.amp.autocast("cpu", enabled=enabled):
+            seen["dtype"] = (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+
+    with torch.autocast("cpu", dtype=torch.float16):
+        t = threading.Thread(target=worker, args=(torch.is_autocast_enabled("cpu"),))
+        t.start()
+        t.join()
+    assert seen["dtype"] == torch.bfloat16            # the CPU default, not the caller's fp16
+
+
+@pytest.mark.multigpu
+def test_torch_data_parallel_replicas_and_autocast_module():
+    model = gc.MLP(8, 16, 4).cuda()
+    x = torch.randn(8, 8, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        plain = torch.nn.DataParallel(model)(x)
+        inside = torch.nn.DataParallel(gc.AutocastModule(model, "cuda", torch.bfloat16))(x)
+    assert plain.dtype == torch.float16               # only on/off reached the replicas
+    assert inside.dtype == torch.bfloat16

@@ -218,7 +218,7 @@ def test_misuse_order_raises_runtime_error_with_the_fix(misuse, message):
         with pytest.raises(RuntimeError, match=message):
             call()
         return
-    model, opt = _one_backward(scaler)
+    _, opt = _one_backward(scaler)
     with pytest.raises(RuntimeError, match=message):
         if misuse == "unscale_twice":
             scaler.unscale_(opt)

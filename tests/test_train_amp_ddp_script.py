@@ -16,7 +16,7 @@ def test_torchrun_two_processes(amp, scaling, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "scripts" / "train_amp_ddp.py"), "--amp", amp, "--size", "200", "--batch-size", "25",
            "--max-steps", "3", "--data", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"2 process(es) on cpu, autocast {amp}, {scaling}, global batch 50" in out.stdout
     assert "Training complete" in out.stdout and "3 steps" in out.stdout
