@@ -27,5 +27,12 @@ from .timing import Timing, format_comparison, measure, speedup
 # --- chapter 05: multi-node initialisation ---------------------------------------------------
 
 # --- chapter 06: mixed precision -------------------------------------------------------------
+from .amp import AmpStepResult, AutocastModule, OpRecord, amp_step, autocast_op_dtypes, format_op_table
+from .amp_speed import (ElementwiseNet, OpTimes, PrecisionRun, compare_precisions, op_time_shares,
+                        plot_time_split, training_step)
+from .loss_scaling import LossScaler, activation_gradients, update_scale
+from .number_formats import (BitFields, CastReport, FloatFormat, bit_fields, cast_report, float_format,
+                             format_table, lost_update_fraction, plot_log2_histogram, plot_ranges,
+                             underflow_fraction)
 
 # --- chapter 07: model / pipeline parallelism ------------------------------------------------
