@@ -16,8 +16,9 @@ LAB_ROOT  := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 WORKERS   ?= 2
 NBVAL     := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 # tests: one intra-op thread per process (the tests start their own processes and threads),
-# fixed hashing, no plot windows
-TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0 MPLBACKEND=Agg
+# fixed hashing. (No MPLBACKEND: notebook kernels pick the inline backend themselves, and the
+# package's plotting helpers never open windows.)
+TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0
 
 .PHONY: lab test test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean
 
@@ -51,7 +52,7 @@ check-exercises: $(STAMP)
 # re-execute lesson and solutions notebooks in place so their stored outputs are fresh
 # (course authors: run on an otherwise idle machine, the stored timings are measurements)
 notebooks: $(STAMP)
-	PYTHONHASHSEED=0 MPLBACKEND=Agg $(PY) scripts/execute_notebooks.py notebooks/*.ipynb solutions/*.ipynb
+	PYTHONHASHSEED=0 $(PY) scripts/execute_notebooks.py notebooks/*.ipynb solutions/*.ipynb
 	$(PY) -m gpucourse exercises
 
 benchmarks: $(STAMP)
