@@ -141,8 +141,14 @@ def _run_threads(fn, chunks, assignment, op, timeout):
     results: list[Any] = [None] * len(chunks)
     records: list[Any] = [None] * len(chunks)
     errors: dict[int, BaseException] = {}
+    # torch.set_num_threads only configures the *calling* thread's OpenMP/MKL pool: a new thread
+    # starts with the default (all cores). Give every worker the caller's setting.
+    torch = sys.modules.get("torch")
+    intra_op = torch.get_num_threads() if torch is not None else None
 
     def body(worker: int) -> None:
+        if intra_op is not None:
+            torch.set_num_threads(intra_op)
         for c in assignment[worker]:
             try:
                 # ordered merge: this worker is the only one writing slot c, so no lock is needed
@@ -253,8 +259,9 @@ def parallel_map(fn: Callable[[Any], Any], items: Iterable, *, workers: int = 2,
     .. warning::
         Threads only speed up work that releases the GIL (large torch ops, I/O); pure-Python
         work in threads takes turns and runs no faster than serially — use
-        ``backend="process"``. Each thread also shares torch's intra-op thread pool: measure with
-        :func:`intra_op_threads` ``(1)`` so the two kinds of parallelism do not fight for the cores.
+        ``backend="process"``. torch ops may also use several intra-op threads each: measure with
+        :func:`intra_op_threads` ``(1)`` so the two kinds of parallelism do not fight for the cores
+        (each worker thread gets the caller's ``torch.get_num_threads()``).
         The process back-end pays a start-up cost per call (~10 ms per process when forking) and
         copies results back, so give it chunks that take much longer than that.
     """
@@ -415,8 +422,11 @@ def intra_op_threads(n: int) -> Iterator[None]:
         True
 
     .. warning::
-        The setting is process-wide: every thread of the process sees it while the block runs.
-        In a *forked* child never raise it above 1 (GNU OpenMP's pool does not survive ``fork``).
+        ``torch.set_num_threads`` configures the OpenMP/MKL pool of the *calling thread*; a thread
+        started later begins with the default (every core) — even though ``torch.get_num_threads()``
+        there may report the new value. Threads you start yourself must call
+        ``torch.set_num_threads`` again (:func:`parallel_map` does this for its workers). In a
+        *forked* child never raise it above 1 (GNU OpenMP's pool does not survive ``fork``).
     """
     import torch
 

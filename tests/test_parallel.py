@@ -239,3 +239,17 @@ def test_pinned_to_cpus_applies_to_forked_workers_and_restores():
     with pytest.raises(ValueError, match="subset of the cores"):
         with gc.pinned_to_cpus([max(before) + 1000]):
             pass
+
+
+def test_worker_threads_get_the_callers_intra_op_setting(monkeypatch):
+    # torch.set_num_threads is per thread for OpenMP/MKL: parallel_map must repeat it in each worker
+    calls = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append((threading.get_ident(), n)),
+                                                             real(n)))
+    with gc.intra_op_threads(1):
+        calls.clear()
+        gc.parallel_map(abs, [1, 2], workers=2)
+        seen = list(calls)
+    assert sorted(n for _, n in seen) == [1, 1]
+    assert len({i for i, _ in seen}) == 2 and threading.get_ident() not in {i for i, _ in seen}
