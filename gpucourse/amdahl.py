@@ -17,7 +17,7 @@ fits it; :func:`karp_flatt` gives the estimate from each single measurement.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -233,9 +233,9 @@ def plot_amdahl(serial_fractions: Iterable[float] = (0.0, 0.05, 0.1, 0.25, 0.5),
         if s == 0:
             continue
         color = colors[i % len(colors)]
-        ax.plot(n, amdahl_speedup(s, n), color=color, label=f"Amdahl s = {s:g} (max {1 / s:.3g}x)")
+        ax.plot(n, amdahl_speedup(s, n), color=color, label=f"Amdahl s = {s:.3g} (max {1 / s:.3g}x)")
         if gustafson:
-            ax.plot(n, gustafson_speedup(s, n), color=color, ls=":", label=f"Gustafson s = {s:g}")
+            ax.plot(n, gustafson_speedup(s, n), color=color, ls=":", label=f"Gustafson s = {s:.3g}")
     if fitted is not None:
         f = float(_fraction("fitted", fitted))
         ax.plot(n, amdahl_speedup(f, n), color="k", ls="--", lw=1.2, label=f"fit: s = {f:.2f}")

@@ -38,7 +38,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from .timeline import ChunkRecord, Trace
 

@@ -17,9 +17,10 @@ The **roofline** model says how fast an operation can go on a machine with peak 
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -175,17 +176,14 @@ def measure_throughput(op: str, sizes: Iterable[int], *, dtype: torch.dtype = to
         out = torch.empty(shape, device=device, dtype=dtype)
         fn = torch.matmul if op == "matmul" else torch.add
 
-        def once():
-            fn(a, b, out=out)
-
-        single = measure(once, repeats=1, warmup=1).median
-        inner = max(1, math.ceil(min_time / max(single, 1e-9)))
-
-        def block():
+        def block(fn=fn, a=a, b=b, out=out, inner=1):
             for _ in range(inner):
                 fn(a, b, out=out)
 
-        t = measure(block, repeats=repeats, warmup=0)
+        single = measure(block, repeats=1, warmup=1).median
+        inner = max(1, math.ceil(min_time / max(single, 1e-9)))
+
+        t = measure(functools.partial(block, inner=inner), repeats=repeats, warmup=0)
         points.append(ThroughputPoint(op, size, str(dtype).removeprefix("torch."), str(device),
                                       t.median / inner, flops, nbytes))
     return points

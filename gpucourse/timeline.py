@@ -14,8 +14,8 @@ each bar filled in proportion to the time it really computed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 __all__ = ["ChunkRecord", "Trace", "plot_timelines"]
 

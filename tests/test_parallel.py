@@ -1,6 +1,5 @@
 """chunk → run → merge: the parallel map/reduce equal the serial ones, for any chunking and back-end."""
 
-import functools
 import operator
 import os
 import threading
@@ -249,7 +248,7 @@ def test_worker_threads_get_the_callers_intra_op_setting(monkeypatch):
                                                              real(n)))
     with gc.intra_op_threads(1):
         calls.clear()
-        gc.parallel_map(abs, [1, 2], workers=2)
+        gc.parallel_map(time.sleep, [0.05, 0.05], workers=2)   # overlap: thread ids stay distinct
         seen = list(calls)
     assert sorted(n for _, n in seen) == [1, 1]
     assert len({i for i, _ in seen}) == 2 and threading.get_ident() not in {i for i, _ in seen}
