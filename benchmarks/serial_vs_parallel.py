@@ -59,11 +59,11 @@ def mimd(name: str, fn, total: int) -> dict[str, float]:
 def main() -> None:
     cores = gc.cpu_cores()
     print(f"torch {torch.__version__}, {cores} usable cores, SIMD: {gc.cpu_capability()}, "
-          f"intra-op threads while measuring MIMD: 1\n")
+          f"intra-op threads while measuring: 1\n")
     if cores < WORKERS:
         print(f"NOTE: only {cores} core(s): {WORKERS} workers cannot run in parallel here")
-    vectorisation()
-    with gc.intra_op_threads(1):
+    with gc.intra_op_threads(1):         # one core per worker; also keeps OpenMP out of the way
+        vectorisation()
         py = mimd(f"2) pure-Python work: python_work({PYTHON_STEPS:,})", gc.python_work, PYTHON_STEPS)
         tw = mimd(f"3) torch work: torch_work({TORCH_PRODUCTS:,}) of 128x128 products",
                   gc.torch_work, TORCH_PRODUCTS)
