@@ -19,6 +19,15 @@ from .printing import print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
 
 # --- chapter 01: serial vs parallel ---------------------------------------------------------
+from .amdahl import (amdahl_speedup, amdahl_widget, fit_serial_fraction, gustafson_speedup,
+                     karp_flatt, measure_scaling, plot_amdahl)
+from .parallel import (SharedTotal, accumulate_in_threads, chunk_sizes, intra_op_threads,
+                       parallel_map, parallel_reduce, pinned_to_cpus, split_into_chunks)
+from .roofline import (ThroughputPoint, arithmetic_intensity, matmul_flops, measure_throughput,
+                       op_cost, plot_roofline, plot_throughput, roofline)
+from .timeline import ChunkRecord, Trace, plot_timelines
+from .vectorization import cpu_capability, dot_loop, time_with_cpu_capability
+from .workloads import python_work, torch_work
 
 # --- chapters 02-03: DataParallel, BalancedDataParallel ------------------------------------
 
