@@ -20,8 +20,11 @@ def test_sleeping_workers_are_idle_and_computing_ones_busy():
     idle, busy = gc.Trace(), gc.Trace()
     gc.parallel_map(time.sleep, [0.05, 0.05], workers=2, trace=idle)
     gc.parallel_map(gc.python_work, [200_000], workers=1, backend="serial", trace=busy)
-    assert all(f < 0.5 for f in idle.busy_fraction().values())
-    assert busy.busy_fraction()[0] > 0.5
+    # CPU time / wall time: a sleeping worker uses ~0 CPU; a computing one uses as much as the
+    # (possibly busy) machine gives it, so compare the two instead of demanding a full core
+    idle_max = max(idle.busy_fraction().values())
+    assert idle_max < 0.2
+    assert busy.busy_fraction()[0] > 3 * idle_max + 0.1
 
 
 def test_empty_trace_and_bad_records():
