@@ -5,15 +5,21 @@ In a pipeline across processes each stage talks only to its neighbours:
 * forward: stage ``s`` sends its output (an activation) to stage ``s + 1``;
 * backward: stage ``s + 1`` sends the gradient of the loss w.r.t. that activation back to ``s``.
 
-The receiver must allocate a buffer of the right shape before ``recv``, and micro-batches may differ
-in size, so every message is a small header (dtype, micro-batch id, shape) followed by the payload.
-Sends are non-blocking (``isend``): a stage hands its activation over and computes on, which is what
-lets neighbouring stages overlap — and with blocking sends two neighbours sending to each other at
-the same time could wait for each other forever.
+Three details make it fast and safe:
+
+1) **Sends are non-blocking** (``isend``): a stage hands its activation over and computes on. With
+   blocking sends, two neighbours sending to each other at the same moment (1F1B does that) would
+   wait for each other forever.
+2) **Receives are posted early** (``irecv`` into a buffer of the known shape, :meth:`post_recv_forward`).
+   gloo moves a message only once the receiver has asked for it; if the sender is already busy
+   computing by then, its communication thread must first get a CPU — on a 2-core laptop that costs
+   milliseconds per message. A receive posted before the sender sends completes without help.
+3) **Each message is tagged** with its micro-batch and direction, so a forward of micro-batch 3 can
+   never be taken for micro-batch 2.
 
 This module is only the transport; which micro-batch moves when is the schedule's business
-(:mod:`gpucourse.pipeline_schedule`, :mod:`gpucourse.pipeline_parallel`). Pass ``trace=[]`` to get
-a log of every send and receive.
+(:mod:`gpucourse.pipeline_schedule`, :func:`gpucourse.pipeline_step`). Pass ``trace=[]`` to get a
+log of every send and receive.
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ import torch.distributed as dist
 
 __all__ = ["PipelineComm"]
 
-_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32]
-_MAX_DIMS = 8
-_HEADER = 3 + _MAX_DIMS  # dtype code, micro-batch id, ndim, shape (padded)
+
+def _tag(kind: str, microbatch: int) -> int:
+    return 2 * microbatch + (0 if kind == "activation" else 1)
 
 
 class PipelineComm:
@@ -46,15 +52,15 @@ class PipelineComm:
         ...     if comm.is_first:
         ...         comm.send_forward(torch.ones(2, 3), microbatch=0)
         ...     else:
-        ...         return comm.recv_forward(microbatch=0).sum().item()
+        ...         return comm.recv_forward(microbatch=0, shape=(2, 3)).sum().item()
         ...     comm.wait()
         >>> gc.launch(ping, 2)
         [None, 6.0]
 
     .. warning::
-        Send and receive must pair up in the same order on both sides. A stage that waits for
-        micro-batch 3 while its neighbour sends micro-batch 2 is a schedule bug; the header catches
-        it and raises instead of silently mixing up micro-batches.
+        The receiver must know the shape (and dtype) of what it receives: in a pipeline that is the
+        micro-batch size times the stage boundary's feature shape. A wrong shape makes gloo raise a
+        size mismatch; a receive that no send matches waits until the launch timeout.
     """
 
     def __init__(self, ranks: Sequence[int] | None = None, trace: list | None = None):
@@ -68,7 +74,8 @@ class PipelineComm:
         self.stage = self.ranks.index(rank)
         self.num_stages = len(self.ranks)
         self.trace = trace
-        self._pending: list = []
+        self._pending: list = []    # (work, tensor) of sends in flight
+        self._posted: dict = {}     # (what, microbatch) -> (work, buffer, stage) of posted receives
 
     @property
     def is_first(self) -> bool:
@@ -83,29 +90,28 @@ class PipelineComm:
             self.trace.append(f"stage {self.stage}: {text}")
 
     def _send(self, tensor: torch.Tensor, stage: int, microbatch: int, what: str) -> None:
-        if tensor.dim() > _MAX_DIMS or tensor.dtype not in _DTYPES:
-            raise ValueError(f"cannot send a {tensor.dtype} tensor of {tensor.dim()} dims; "
-                             f"supported: {_DTYPES}, at most {_MAX_DIMS} dims")
-        header = torch.zeros(_HEADER, dtype=torch.int64)
-        header[0], header[1], header[2] = _DTYPES.index(tensor.dtype), microbatch, tensor.dim()
-        header[3:3 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
         payload = tensor.detach().contiguous()
-        dst = self.ranks[stage]
-        # keep the tensors referenced until the sends complete (see wait())
-        self._pending += [(dist.isend(header, dst), header), (dist.isend(payload, dst), payload)]
-        self._log(f"send {what} mb {microbatch} {tuple(tensor.shape)} -> stage {stage}")
+        work = dist.isend(payload, self.ranks[stage], tag=_tag(what, microbatch))
+        self._pending.append((work, payload))  # keep the tensor alive until the send completes
+        self._log(f"send {what} mb {microbatch} {tuple(payload.shape)} -> stage {stage}")
 
-    def _recv(self, stage: int, microbatch: int, what: str) -> torch.Tensor:
-        src = self.ranks[stage]
-        header = torch.empty(_HEADER, dtype=torch.int64)
-        dist.recv(header, src)
-        dtype, got, ndim = _DTYPES[int(header[0])], int(header[1]), int(header[2])
-        if got != microbatch:
-            raise RuntimeError(f"stage {self.stage} expected the {what} of micro-batch {microbatch} "
-                               f"from stage {stage} but received micro-batch {got}: the two stages "
-                               "run different schedules")
-        buffer = torch.empty(header[3:3 + ndim].tolist(), dtype=dtype)
-        dist.recv(buffer, src)
+    def _post(self, stage: int, microbatch: int, what: str, shape, dtype) -> None:
+        key = (what, microbatch)
+        if key in self._posted:
+            raise RuntimeError(f"the receive of the {what} of micro-batch {microbatch} is already posted")
+        buffer = torch.empty(tuple(shape), dtype=dtype)
+        work = dist.irecv(buffer, self.ranks[stage], tag=_tag(what, microbatch))
+        self._posted[key] = (work, buffer, stage)
+
+    def _recv(self, stage: int, microbatch: int, what: str, shape, dtype) -> torch.Tensor:
+        key = (what, microbatch)
+        if key not in self._posted:
+            if shape is None:
+                raise RuntimeError(f"no receive posted for the {what} of micro-batch {microbatch}: "
+                                   f"post it first or pass shape=")
+            self._post(stage, microbatch, what, shape, dtype)
+        work, buffer, _ = self._posted.pop(key)
+        work.wait()
         self._log(f"recv {what} mb {microbatch} {tuple(buffer.shape)} <- stage {stage}")
         return buffer
 
@@ -115,11 +121,19 @@ class PipelineComm:
             raise RuntimeError("the last stage has no next stage to send activations to")
         self._send(activation, self.stage + 1, microbatch, "activation")
 
-    def recv_forward(self, microbatch: int) -> torch.Tensor:
-        """Wait for the previous stage's output for ``microbatch``."""
+    def post_recv_forward(self, microbatch: int, shape: Sequence[int],
+                          dtype: torch.dtype = torch.float32) -> None:
+        """Ask now for the previous stage's output for ``microbatch`` (collect it with :meth:`recv_forward`)."""
         if self.is_first:
             raise RuntimeError("the first stage reads its input from the batch, not from a stage")
-        return self._recv(self.stage - 1, microbatch, "activation")
+        self._post(self.stage - 1, microbatch, "activation", shape, dtype)
+
+    def recv_forward(self, microbatch: int, shape: Sequence[int] | None = None,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Wait for the previous stage's output for ``microbatch`` (posted earlier, or now with ``shape``)."""
+        if self.is_first:
+            raise RuntimeError("the first stage reads its input from the batch, not from a stage")
+        return self._recv(self.stage - 1, microbatch, "activation", shape, dtype)
 
     def send_backward(self, grad: torch.Tensor, microbatch: int) -> None:
         """Hand d(loss)/d(this stage's input) for ``microbatch`` back to the previous stage."""
@@ -127,14 +141,24 @@ class PipelineComm:
             raise RuntimeError("the first stage has no previous stage to send gradients to")
         self._send(grad, self.stage - 1, microbatch, "gradient")
 
-    def recv_backward(self, microbatch: int) -> torch.Tensor:
-        """Wait for d(loss)/d(this stage's output) for ``microbatch`` from the next stage."""
+    def post_recv_backward(self, microbatch: int, shape: Sequence[int],
+                           dtype: torch.dtype = torch.float32) -> None:
+        """Ask now for d(loss)/d(this stage's output) for ``microbatch`` from the next stage."""
         if self.is_last:
             raise RuntimeError("the last stage starts the backward from the loss")
-        return self._recv(self.stage + 1, microbatch, "gradient")
+        self._post(self.stage + 1, microbatch, "gradient", shape, dtype)
+
+    def recv_backward(self, microbatch: int, shape: Sequence[int] | None = None,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Wait for d(loss)/d(this stage's output) for ``microbatch`` (posted earlier, or now with ``shape``)."""
+        if self.is_last:
+            raise RuntimeError("the last stage starts the backward from the loss")
+        return self._recv(self.stage + 1, microbatch, "gradient", shape, dtype)
 
     def wait(self) -> None:
         """Wait until every message this stage sent has left (call before reusing buffers or exiting)."""
+        if self._posted:
+            raise RuntimeError(f"receives posted but never collected: {sorted(self._posted)}")
         for work, _tensor in self._pending:
             work.wait()
         self._pending.clear()

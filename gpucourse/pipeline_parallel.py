@@ -42,7 +42,7 @@ from .pipeline_comm import PipelineComm
 from .pipeline_schedule import (PipelineSchedule, Timeline, TimelineEvent, gpipe_schedule,
                                 one_f_one_b_schedule)
 
-__all__ = ["pipeline_step", "train_pipeline", "run_pipeline", "train_sequential", "PipelineRun",
+__all__ = ["microbatch_sizes", "boundary_shapes", "pipeline_step", "train_pipeline", "run_pipeline", "train_sequential", "PipelineRun",
            "make_schedule", "train_torch_pipelining"]
 
 _SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
@@ -67,9 +67,43 @@ def make_schedule(schedule: str | PipelineSchedule, num_stages: int, chunks: int
     return _SCHEDULES[schedule](num_stages, chunks)
 
 
+def microbatch_sizes(batch_size: int, chunks: int) -> list[int]:
+    """Sizes of :func:`~gpucourse.split_microbatches`'s pieces, without the batch.
+
+    Example::
+
+        >>> microbatch_sizes(10, 4)
+        [3, 3, 2, 2]
+    """
+    if chunks > batch_size:
+        raise ValueError(f"a batch of {batch_size} samples cannot be cut into {chunks} micro-batches; "
+                         f"use chunks <= {batch_size}")
+    return [batch_size // chunks + (1 if i < batch_size % chunks else 0) for i in range(chunks)]
+
+
+def boundary_shapes(stages, sample: torch.Tensor) -> list[tuple[int, ...]]:
+    """Per-sample shape of every stage's input, then of the last output (a dry run on ``sample``).
+
+    Example::
+
+        >>> import gpucourse as gc
+        >>> boundary_shapes(gc.split_sequential(gc.MLP(8, 16, 4), 2), torch.zeros(1, 8))
+        [(8,), (16,), (4,)]
+    """
+    shapes = [tuple(sample.shape[1:])]
+    with torch.no_grad():
+        x = sample
+        for stage in stages:
+            x = stage(x)
+            shapes.append(tuple(x.shape[1:]))
+    return shapes
+
+
 def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineComm, *,
+                  batch_size: int, in_shape: tuple = (), out_shape: tuple = (),
                   inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None,
                   loss_fn: Callable = F.cross_entropy, total_samples: int | None = None,
+                  dtype: torch.dtype = torch.float32,
                   clock: Callable[[], float] = time.perf_counter) -> dict:
     """Forward and backward of one batch on this process's stage, in the schedule's order.
 
@@ -77,20 +111,27 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
         stage: this process's part of the model.
         schedule: the operations of every stage; this process runs ``schedule.ops[comm.stage]``.
         comm: the transport to the neighbouring stages.
+        batch_size: samples in this pipeline's batch (every stage must know the micro-batch sizes).
+        in_shape: per-sample shape of this stage's input (needed unless it is the first stage).
+        out_shape: per-sample shape of its output (needed unless it is the last stage).
         inputs: the batch (first stage only).
         targets: the labels (last stage only).
         loss_fn: a loss that *averages* over its batch (``reduction="mean"``).
         total_samples: the size of the batch the gradients should be averaged over (default
-            ``len(targets)``; larger with data parallelism).
+            ``batch_size``; larger with data parallelism).
+        dtype: dtype of activations and gradients on the wire.
         clock: the time source for the recorded events.
 
     Returns:
         ``{"events": [TimelineEvent, ...], "loss": float or None (last stage), "peak_in_flight":
         int, "peak_activation_bytes": int}``. Gradients are accumulated in ``stage``'s parameters.
 
+    Receives are posted ahead — as many as the stage can have micro-batches in flight, plus one —
+    so a neighbour's message lands in its buffer the moment it is sent.
+
     .. warning::
-        Every stage must run the same schedule: the messages pair up by order. A mismatch raises
-        (the header names the micro-batch) or, if a stage never sends, ends in the launch timeout.
+        Every stage must run the same schedule; a receive that no send matches waits until the
+        launch timeout.
     """
     s, m = comm.stage, schedule.num_microbatches
     if schedule.num_stages != comm.num_stages:
@@ -99,20 +140,42 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
         raise ValueError("the first stage needs inputs=<the batch>")
     if comm.is_last and targets is None:
         raise ValueError("the last stage needs targets=<the labels>")
+    sizes = microbatch_sizes(batch_size, m)
     xs = split_microbatches(inputs, m) if comm.is_first else None
     ts = split_microbatches(targets, m) if comm.is_last else None
-    total = total_samples or (len(targets) if targets is not None else 0)
+    total = total_samples or batch_size
+    # the receives this stage will need, in order; keep `window` of them posted ahead
+    needs = [op for op in schedule.ops[s]
+             if (op.kind == "F" and not comm.is_first) or (op.kind == "B" and not comm.is_last)]
+    window, posted = schedule.peak_in_flight()[s] + 1, 0
+
+    def post_ahead(upto: int) -> None:
+        nonlocal posted
+        while posted < min(upto, len(needs)):
+            op = needs[posted]
+            if op.kind == "F":
+                comm.post_recv_forward(op.microbatch, (sizes[op.microbatch], *in_shape), dtype)
+            else:
+                comm.post_recv_backward(op.microbatch, (sizes[op.microbatch], *out_shape), dtype)
+            posted += 1
+
     saved: dict[int, tuple] = {}       # micro-batch -> (stage input, stage output or loss)
-    events, loss_sum, in_flight, peak = [], 0.0, 0, 0
+    events, loss_sum, in_flight, peak, received = [], 0.0, 0, 0, 0
+    post_ahead(window)
     with SavedActivationMeter() as meter:
         for op in schedule.ops[s]:
             i = op.microbatch
             if op.kind == "F":
-                x = xs[i] if comm.is_first else comm.recv_forward(i).requires_grad_()
+                if comm.is_first:
+                    x = xs[i]
+                else:
+                    x = comm.recv_forward(i).requires_grad_()
+                    received += 1
+                    post_ahead(received + window)
                 start = clock()
                 y = stage(x)
                 if comm.is_last:   # weight by the micro-batch's share: sum over i = full-batch mean
-                    y = loss_fn(y, ts[i]) * (len(ts[i]) / total)
+                    y = loss_fn(y, ts[i]) * (sizes[i] / total)
                     loss_sum += y.item()
                 end = clock()
                 if not comm.is_last:
@@ -122,7 +185,11 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
                 peak = max(peak, in_flight)
             else:
                 x, y = saved.pop(i)
-                grad = None if comm.is_last else comm.recv_backward(i)
+                grad = None
+                if not comm.is_last:
+                    grad = comm.recv_backward(i)
+                    received += 1
+                    post_ahead(received + window)
                 start = clock()
                 torch.autograd.backward(y, grad)
                 end = clock()
@@ -185,9 +252,10 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
             group = dist.new_group(grid.data_parallel_ranks(p))
             if p == pp_rank:
                 dp_group = group
-    model = model_fn()
-    stage = split_sequential(model, grid.pp_size, balance=balance)[pp_rank]
-    del model
+    stages = split_sequential(model_fn(), grid.pp_size, balance=balance)
+    shapes = boundary_shapes(stages, inputs[:1])     # what crosses each stage boundary
+    stage = stages[pp_rank]
+    del stages
     comm = PipelineComm(grid.pipeline_ranks(dp_rank))
     sched = make_schedule(schedule, grid.pp_size, chunks)
     opt = torch.optim.SGD(stage.parameters(), lr=lr)
@@ -198,9 +266,11 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
         dist.barrier()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        result = pipeline_step(stage, sched, comm, inputs=my_x if comm.is_first else None,
+        result = pipeline_step(stage, sched, comm, batch_size=len(my_x),
+                               in_shape=shapes[pp_rank], out_shape=shapes[pp_rank + 1],
+                               inputs=my_x if comm.is_first else None,
                                targets=my_y if comm.is_last else None, loss_fn=loss_fn,
-                               total_samples=len(targets))
+                               total_samples=len(targets), dtype=inputs.dtype)
         if dp_group is not None:
             for p in stage.parameters():
                 dist.all_reduce(p.grad, group=dp_group)   # losses were pre-weighted: sum = mean
