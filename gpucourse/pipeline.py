@@ -139,7 +139,7 @@ class GPipe(nn.Module):
 
     def __init__(self, stages: Sequence[nn.Module], chunks: int):
         super().__init__()
-        if isinstance(stages, nn.Module) and not isinstance(stages, (nn.ModuleList, nn.Sequential)):
+        if isinstance(stages, nn.Module) and not isinstance(stages, nn.ModuleList):
             raise TypeError("stages must be a list of modules, one per stage; to cut a model use "
                             "GPipe.from_sequential(model, num_stages, chunks)")
         stages = list(stages)
