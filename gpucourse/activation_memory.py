@@ -35,28 +35,36 @@ class SavedActivationMeter:
 
         >>> from torch import nn
         >>> model = nn.Sequential(nn.Linear(100, 100), nn.ReLU(), nn.Linear(100, 1))
-        >>> with SavedActivationMeter() as meter:
+        >>> with SavedActivationMeter(ignore=model.parameters()) as meter:
         ...     loss = model(torch.randn(32, 100)).sum()
-        ...     held = meter.current                     # input of each Linear + ReLU's output
+        ...     held = meter.current
         ...     loss.backward()                          # backward frees the saved tensors
-        >>> held >= 2 * 32 * 100 * 4, meter.current, meter.peak == held
-        (True, 0, True)
+        >>> held == 2 * 32 * 100 * 4     # the input of Linear 1; ReLU's output = Linear 2's input
+        True
+        >>> meter.current, meter.peak == held
+        (0, True)
+
+    Args:
+        ignore: tensors not to count although autograd saves them — pass ``model.parameters()``:
+            a Linear layer saves its weight for the backward, but the weight is not an activation.
 
     .. warning::
-        Only tensors saved *inside* the ``with`` block are counted, and parameters saved by autograd
-        (a Linear's weight) count too, since autograd cannot tell them apart — subtract them if you
-        need activations alone. Release of a saved tensor is seen when autograd frees its graph
-        (after ``backward`` or when the output is deleted).
+        Only tensors saved *inside* the ``with`` block are counted. Release of a saved tensor is
+        seen when autograd frees its graph (after ``backward``, or when the output is deleted):
+        keeping a reference to an output keeps its activations alive.
     """
 
-    def __init__(self):
+    def __init__(self, ignore=()):
         self.current = 0
         self.peak = 0
+        self._ignore = {t.untyped_storage().data_ptr() for t in ignore}
         self._refs: dict[int, list] = {}   # storage pointer -> [bytes, number of saves alive]
         self._hooks = None
 
     def _pack(self, tensor: torch.Tensor):
         key = tensor.untyped_storage().data_ptr()
+        if key in self._ignore:
+            return tensor
         entry = self._refs.get(key)
         if entry is None:
             entry = self._refs[key] = [tensor.untyped_storage().nbytes(), 0]
@@ -77,8 +85,8 @@ class SavedActivationMeter:
             del self._refs[key]
 
     @staticmethod
-    def _unpack(saved: _Saved) -> torch.Tensor:
-        return saved.tensor
+    def _unpack(saved) -> torch.Tensor:
+        return saved.tensor if isinstance(saved, _Saved) else saved
 
     def __enter__(self) -> "SavedActivationMeter":
         if self._hooks is not None:

@@ -124,7 +124,8 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
 
     Returns:
         ``{"events": [TimelineEvent, ...], "loss": float or None (last stage), "peak_in_flight":
-        int, "peak_activation_bytes": int}``. Gradients are accumulated in ``stage``'s parameters.
+        int, "peak_activation_bytes": int}`` (bytes autograd saved for the backward, parameters
+        not counted). Gradients are accumulated in ``stage``'s parameters.
 
     Receives are posted ahead — as many as the stage can have micro-batches in flight, plus one —
     so a neighbour's message lands in its buffer the moment it is sent.
@@ -162,7 +163,7 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
     saved: dict[int, tuple] = {}       # micro-batch -> (stage input, stage output or loss)
     events, loss_sum, in_flight, peak, received = [], 0.0, 0, 0, 0
     post_ahead(window)
-    with SavedActivationMeter() as meter:
+    with SavedActivationMeter(ignore=stage.parameters()) as meter:
         for op in schedule.ops[s]:
             i = op.microbatch
             if op.kind == "F":
@@ -373,12 +374,23 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
 def train_torch_pipelining(rank: int, world_size: int, model_fn: Callable[[], nn.Sequential],
                            inputs: torch.Tensor, targets: torch.Tensor, *, schedule: str = "gpipe",
                            chunks: int = 4, steps: int = 1, lr: float = 0.1,
-                           loss_fn: Callable = F.cross_entropy) -> dict:
+                           loss_fn: Callable = F.cross_entropy, frontend: str = "manual") -> dict:
     """The same training with PyTorch's own ``torch.distributed.pipelining`` (per-rank function).
 
-    Each rank wraps its stage (cut like :func:`train_pipeline` does) in a ``PipelineStage`` and
-    runs ``ScheduleGPipe`` or ``Schedule1F1B``; the first stage feeds the batch, the last the
-    targets. Returns ``stage``, ``state_dict``, ``losses`` (per step, last stage) and ``step_times``.
+    Each rank builds its stage — cut like :func:`train_pipeline` does — and runs PyTorch's
+    ``ScheduleGPipe`` or ``Schedule1F1B``; the first stage feeds the batch, the last the targets.
+
+    Args:
+        rank, world_size: from :func:`~gpucourse.launch`; one stage per rank.
+        model_fn, inputs, targets, chunks, steps, lr, loss_fn: as in :func:`train_pipeline`.
+        schedule: ``"gpipe"`` (``ScheduleGPipe``) or ``"1f1b"`` (``Schedule1F1B``).
+        frontend: ``"manual"`` — wrap our stage module in ``PipelineStage``; ``"trace"`` — let
+            ``pipeline(model, mb_args, split_spec)`` trace the whole model (``torch.export``) and cut
+            it at ``SplitPoint.BEGINNING`` of each stage's first layer, then ``build_stage``.
+
+    Returns:
+        ``stage``, ``state_dict`` (keyed like the model's), ``losses`` (per step, last stage) and
+        ``step_times``.
 
     Example::
 
@@ -393,15 +405,31 @@ def train_torch_pipelining(rank: int, world_size: int, model_fn: Callable[[], nn
 
     .. warning::
         PyTorch averages the micro-batch losses with equal weights (``scale_grads=True``), so its
-        gradients equal the full batch's only when the batch divides evenly into micro-batches.
+        gradients equal the full batch's only for micro-batches of equal size; in torch 2.14 a batch
+        that does not divide by ``chunks`` fails on the last stage (output and target micro-batches
+        of different sizes).
     """
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                              SplitPoint, pipeline)
 
     classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
     if schedule not in classes:
         raise ValueError(f"schedule must be one of {sorted(classes)}, got {schedule!r}")
-    stage_module = split_sequential(model_fn(), world_size)[rank]
-    pipe_stage = PipelineStage(stage_module, rank, world_size, torch.device("cpu"))
+    model = model_fn()
+    stages = split_sequential(model, world_size)
+    if frontend == "manual":
+        stage_module = stages[rank]
+        pipe_stage = PipelineStage(stage_module, rank, world_size, torch.device("cpu"))
+        names = None
+    elif frontend == "trace":
+        firsts = [next(iter(stage._modules)) for stage in stages[1:]]   # "4": cut before layer 4
+        pipe = pipeline(model, mb_args=(split_microbatches(inputs, chunks)[0],),
+                        split_spec={name: SplitPoint.BEGINNING for name in firsts})
+        pipe_stage = pipe.build_stage(rank, torch.device("cpu"))
+        stage_module = pipe.get_stage_module(rank)
+        names = {id(p): k for k, p in model.named_parameters()}      # traced names -> ours
+    else:
+        raise ValueError(f"frontend must be 'manual' or 'trace', got {frontend!r}")
     runner = classes[schedule](pipe_stage, n_microbatches=chunks, loss_fn=loss_fn)
     opt = torch.optim.SGD(stage_module.parameters(), lr=lr)
     losses, times = [], []
@@ -419,6 +447,8 @@ def train_torch_pipelining(rank: int, world_size: int, model_fn: Callable[[], nn
         opt.step()
         dist.barrier()
         times.append(time.perf_counter() - start)
-        losses.append(float(torch.stack(mb_losses).mean()) if mb_losses else None)
-    return {"stage": rank, "state_dict": stage_module.state_dict(), "losses": losses,
-            "step_times": times}
+        losses.append(float(torch.stack(mb_losses).detach().mean()) if mb_losses else None)
+    state = stage_module.state_dict()
+    if names is not None:   # the traced module names parameters its own way; map back by identity
+        state = {names.get(id(p), k): p.detach() for k, p in stage_module.named_parameters()}
+    return {"stage": rank, "state_dict": state, "losses": losses, "step_times": times}

@@ -135,6 +135,16 @@ class Timeline:
         span = self.makespan
         return [1.0 - self.busy(s) / span for s in range(self.num_stages)]
 
+    def overlap(self) -> float:
+        """Time during which at least two stages compute at once (0 for a naive model split)."""
+        points = sorted({t for e in self.events for t in (e.start, e.end)})
+        total = 0.0
+        for a, b in zip(points[:-1], points[1:]):
+            mid = (a + b) / 2
+            if sum(e.start <= mid < e.end for e in self.events) >= 2:
+                total += b - a
+        return total
+
     def bubble(self) -> float:
         """The idle share averaged over stages — compare with :func:`bubble_fraction`."""
         bubbles = self.stage_bubbles()

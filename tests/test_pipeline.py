@@ -165,6 +165,8 @@ def test_timeline_text_and_measured_shift():
     tl = gc.Timeline.from_measured(events, 2)
     assert tl.events[0].start == 0.0 and tl.makespan == pytest.approx(2.0)
     assert tl.stage_bubbles() == pytest.approx([0.5, 0.75])
+    assert tl.overlap() == 0.0
+    assert gc.gpipe_schedule(2, 3).simulate().overlap() == pytest.approx(4.0)   # F1 F2 B0 B1
 
 
 def test_timeline_plot_draws_one_bar_per_event():
@@ -189,9 +191,10 @@ def test_parallel_grid():
 def test_saved_activation_meter_counts_and_releases():
     lin = nn.Linear(50, 50, bias=False)
     x = torch.randn(20, 50)
-    with gc.SavedActivationMeter() as meter:
-        y1 = torch.relu(lin(x))           # saves x (Linear) and relu's output
+    with gc.SavedActivationMeter(ignore=lin.parameters()) as meter:
+        y1 = torch.relu(lin(x))           # saves x (Linear) and relu's output, not the weight
         first = meter.current
+        assert first == 2 * 20 * 50 * 4
         y2 = torch.relu(lin(x))           # x again: counted once; a second relu output
         assert meter.current == first + 20 * 50 * 4
         (y1.sum() + y2.sum()).backward()

@@ -69,10 +69,11 @@ def test_data_parallel_times_pipeline_parallel_grid():
     assert run.losses == pytest.approx(ref["losses"], rel=1e-5)
 
 
-def test_torch_pipelining_matches_ours():
+@pytest.mark.parametrize("frontend", ["manual", "trace"])
+def test_torch_pipelining_matches_ours(frontend):
     x, y = _data(12)
     fn = functools.partial(gc.train_torch_pipelining, model_fn=make_model, inputs=x, targets=y,
-                           schedule="1f1b", chunks=4, steps=2, lr=0.5)
+                           schedule="1f1b", chunks=4, steps=2, lr=0.5, frontend=frontend)
     out = gc.launch(fn, 2, timeout=60)
     ours = gc.run_pipeline(make_model, x, y, num_stages=2, schedule="1f1b", chunks=4, steps=2, lr=0.5)
     state = {**out[0]["state_dict"], **out[1]["state_dict"]}
@@ -124,3 +125,11 @@ def _mismatched(rank, world_size):
 def test_stages_with_different_schedules_fail_instead_of_hanging():
     with pytest.raises((gc.WorkerError, TimeoutError)):
         gc.launch(_mismatched, 2, timeout=8)
+
+
+def test_torch_pipelining_with_uneven_micro_batches_fails_loudly():
+    x, y = _data(10)     # 10 samples in 4 micro-batches: ours works, PyTorch 2.14's raises
+    fn = functools.partial(gc.train_torch_pipelining, model_fn=make_model, inputs=x, targets=y,
+                           chunks=4)
+    with pytest.raises(gc.WorkerError):
+        gc.launch(fn, 2, timeout=60)
