@@ -15,7 +15,6 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
 
 import gpucourse as gc
 

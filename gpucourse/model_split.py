@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

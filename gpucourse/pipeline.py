@@ -22,7 +22,7 @@ same time) or its own process (:func:`gpucourse.train_pipeline`).
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn

@@ -24,7 +24,7 @@ For equal stages and no communication cost the bubble of both schedules is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["PipelineOp", "PipelineSchedule", "TimelineEvent", "Timeline", "bubble_fraction",
            "gpipe_schedule", "one_f_one_b_schedule"]
