@@ -24,6 +24,10 @@ __all__ = ["ParallelGrid"]
 class ParallelGrid:
     """Rank arithmetic for ``dp_size`` data-parallel copies of a ``pp_size``-stage pipeline.
 
+    Args:
+        dp_size: number of pipelines (data-parallel replicas).
+        pp_size: stages per pipeline.
+
     Example::
 
         >>> grid = ParallelGrid(dp_size=2, pp_size=4)

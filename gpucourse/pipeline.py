@@ -71,11 +71,18 @@ def split_microbatches(batch: torch.Tensor, chunks: int) -> list[torch.Tensor]:
 def merge_microbatches(outputs: Sequence[torch.Tensor]) -> torch.Tensor:
     """Concatenate micro-batch outputs back into one batch (the inverse of :func:`split_microbatches`).
 
+    Args:
+        outputs: the micro-batch outputs, in micro-batch order.
+
     Example::
 
         >>> x = torch.arange(10.).reshape(5, 2)
         >>> torch.equal(merge_microbatches(split_microbatches(x, 2)), x)
         True
+
+    .. warning::
+        The order matters: a pipeline that finishes micro-batches out of order must put them back
+        in order, or outputs no longer line up with the labels.
     """
     if len(outputs) == 0:
         raise ValueError("no micro-batch outputs to merge")
@@ -87,6 +94,10 @@ def clock_cycles(num_microbatches: int, num_stages: int) -> list[list[tuple[int,
 
     At clock ``k`` stage ``s`` processes micro-batch ``k - s``; there are ``m + p - 1`` clocks.
 
+    Args:
+        num_microbatches: ``m``.
+        num_stages: ``p``.
+
     Example::
 
         >>> for tick in clock_cycles(3, 2):
@@ -95,6 +106,10 @@ def clock_cycles(num_microbatches: int, num_stages: int) -> list[list[tuple[int,
         [(1, 0), (0, 1)]
         [(2, 0), (1, 1)]
         [(2, 1)]
+
+    .. warning::
+        Only ``m`` of the ``m + p - 1`` clocks keep a stage busy: the first ``p - 1`` ticks fill
+        the pipeline, the last ``p - 1`` drain it — the bubble.
     """
     for name, value in (("num_microbatches", num_microbatches), ("num_stages", num_stages)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

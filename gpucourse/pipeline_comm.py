@@ -43,6 +43,8 @@ class PipelineComm:
         ranks: the global ranks of this pipeline's stages in order (default: ``0 … world_size-1``).
             The calling process must be one of them; its position is its stage.
         trace: a list to append one line per message to (for learning and debugging), or ``None``.
+        device: where receive buffers are allocated: ``"cpu"`` for gloo, this rank's
+            ``cuda:<local_rank>`` for NCCL.
 
     Example (two processes, one stage each)::
 
@@ -63,7 +65,8 @@ class PipelineComm:
         size mismatch; a receive that no send matches waits until the launch timeout.
     """
 
-    def __init__(self, ranks: Sequence[int] | None = None, trace: list | None = None):
+    def __init__(self, ranks: Sequence[int] | None = None, trace: list | None = None,
+                 device: str | torch.device = "cpu"):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("PipelineComm needs a process group: call it inside a function started "
                                "by gc.launch, or after torch.distributed.init_process_group()")
@@ -74,6 +77,7 @@ class PipelineComm:
         self.stage = self.ranks.index(rank)
         self.num_stages = len(self.ranks)
         self.trace = trace
+        self.device = torch.device(device)
         self._pending: list = []    # (work, tensor) of sends in flight
         self._posted: dict = {}     # (what, microbatch) -> (work, buffer, stage) of posted receives
 
@@ -99,7 +103,7 @@ class PipelineComm:
         key = (what, microbatch)
         if key in self._posted:
             raise RuntimeError(f"the receive of the {what} of micro-batch {microbatch} is already posted")
-        buffer = torch.empty(tuple(shape), dtype=dtype)
+        buffer = torch.empty(tuple(shape), dtype=dtype, device=self.device)
         work = dist.irecv(buffer, self.ranks[stage], tag=_tag(what, microbatch))
         self._posted[key] = (work, buffer, stage)
 

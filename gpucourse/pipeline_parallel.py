@@ -48,13 +48,27 @@ __all__ = ["microbatch_sizes", "boundary_shapes", "pipeline_step", "train_pipeli
 _SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
 
 
+def _synced(clock: Callable[[], float], device: torch.device) -> float:
+    """Read the clock after the device has finished its queued work (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return clock()
+
+
 def make_schedule(schedule: str | PipelineSchedule, num_stages: int, chunks: int) -> PipelineSchedule:
     """``"gpipe"``/``"1f1b"`` → a :class:`PipelineSchedule` (a schedule is passed through, checked).
+
+    Args:
+        schedule: a name or a ready :class:`PipelineSchedule`.
+        num_stages, chunks: the pipeline's size.
 
     Example::
 
         >>> make_schedule("1f1b", 2, 3).ops[1]
         [F0, B0, F1, B1, F2, B2]
+
+    .. warning::
+        Every stage of a pipeline must use the same schedule, or messages never pair up.
     """
     if isinstance(schedule, PipelineSchedule):
         if (schedule.num_stages, schedule.num_microbatches) != (num_stages, chunks):
@@ -130,6 +144,19 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
     Receives are posted ahead — as many as the stage can have micro-batches in flight, plus one —
     so a neighbour's message lands in its buffer the moment it is sent.
 
+    Example (two processes; :func:`train_pipeline` wraps exactly this)::
+
+        >>> import gpucourse as gc
+        >>> def one_step(rank, world_size):
+        ...     stages = gc.split_sequential(gc.MLP(4, 8, 3), 2)       # Linear+ReLU | Linear
+        ...     x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+        ...     out = pipeline_step(stages[rank], gc.gpipe_schedule(2, 3), PipelineComm(),
+        ...                         batch_size=6, in_shape=(8,) if rank else (4,), out_shape=(8,),
+        ...                         inputs=x if rank == 0 else None, targets=y if rank == 1 else None)
+        ...     return [f"{e.kind}{e.microbatch}" for e in out["events"]], out["peak_in_flight"]
+        >>> gc.launch(one_step, 2)
+        [(['F0', 'F1', 'F2', 'B0', 'B1', 'B2'], 3), (['F0', 'F1', 'F2', 'B0', 'B1', 'B2'], 3)]
+
     .. warning::
         Every stage must run the same schedule; a receive that no send matches waits until the
         launch timeout.
@@ -173,12 +200,12 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
                     x = comm.recv_forward(i).requires_grad_()
                     received += 1
                     post_ahead(received + window)
-                start = clock()
+                start = _synced(clock, comm.device)
                 y = stage(x)
                 if comm.is_last:   # weight by the micro-batch's share: sum over i = full-batch mean
                     y = loss_fn(y, ts[i]) * (sizes[i] / total)
                     loss_sum += y.item()
-                end = clock()
+                end = _synced(clock, comm.device)
                 if not comm.is_last:
                     comm.send_forward(y.detach(), i)
                 saved[i] = (x, y)
@@ -191,9 +218,9 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
                     grad = comm.recv_backward(i)
                     received += 1
                     post_ahead(received + window)
-                start = clock()
+                start = _synced(clock, comm.device)
                 torch.autograd.backward(y, grad)
-                end = clock()
+                end = _synced(clock, comm.device)
                 if not comm.is_first:
                     comm.send_backward(x.grad, i)
                 del x, y
@@ -208,7 +235,7 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
                    inputs: torch.Tensor, targets: torch.Tensor, *, schedule: str = "gpipe",
                    chunks: int = 4, steps: int = 1, lr: float = 0.1,
                    loss_fn: Callable = F.cross_entropy, dp_size: int = 1,
-                   balance: list[int] | None = None) -> dict:
+                   balance: list[int] | None = None, device: str | None = None) -> dict:
     """The per-rank function: train ``steps`` SGD steps of the pipelined model (see the module doc).
 
     Args:
@@ -222,6 +249,8 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
         loss_fn: mean-reducing loss, e.g. ``F.cross_entropy``.
         dp_size: number of pipelines side by side (data parallelism); stages = ``world_size / dp_size``.
         balance: layers per stage (default: as even as possible).
+        device: where this rank's stage runs; default ``"cpu"`` with gloo, ``cuda:<local rank>``
+            with NCCL.
 
     Returns:
         a dict: ``stage``, ``dp_rank``, ``state_dict`` (this stage's parameters after the steps, keyed
@@ -253,15 +282,18 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
             group = dist.new_group(grid.data_parallel_ranks(p))
             if p == pp_rank:
                 dp_group = group
+    if device is None:
+        on_gpu = dist.get_backend() == "nccl"
+        device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
     stages = split_sequential(model_fn(), grid.pp_size, balance=balance)
     shapes = boundary_shapes(stages, inputs[:1])     # what crosses each stage boundary
-    stage = stages[pp_rank]
+    stage = stages[pp_rank].to(device)
     del stages
-    comm = PipelineComm(grid.pipeline_ranks(dp_rank))
+    comm = PipelineComm(grid.pipeline_ranks(dp_rank), device=device)
     sched = make_schedule(schedule, grid.pp_size, chunks)
     opt = torch.optim.SGD(stage.parameters(), lr=lr)
-    my_x = split_microbatches(inputs, dp_size)[dp_rank]
-    my_y = split_microbatches(targets, dp_size)[dp_rank]
+    my_x = split_microbatches(inputs, dp_size)[dp_rank].to(device)
+    my_y = split_microbatches(targets, dp_size)[dp_rank].to(device)
     losses, times, result = [], [], {}
     for _ in range(steps):
         dist.barrier()
@@ -277,9 +309,10 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
                 dist.all_reduce(p.grad, group=dp_group)   # losses were pre-weighted: sum = mean
         opt.step()
         dist.barrier()
-        times.append(time.perf_counter() - start)
+        times.append(_synced(time.perf_counter, comm.device) - start)
         losses.append(result["loss"])
-    return {"stage": pp_rank, "dp_rank": dp_rank, "state_dict": stage.state_dict(),
+    state = {k: v.cpu() for k, v in stage.state_dict().items()}
+    return {"stage": pp_rank, "dp_rank": dp_rank, "state_dict": state,
             "losses": losses, "events": result["events"], "step_times": times,
             "peak_in_flight": result["peak_in_flight"],
             "peak_activation_bytes": result["peak_activation_bytes"]}
@@ -289,6 +322,9 @@ def train_sequential(model_fn: Callable[[], nn.Module], inputs: torch.Tensor, ta
                      *, steps: int = 1, lr: float = 0.1, loss_fn: Callable = F.cross_entropy) -> dict:
     """The reference: the whole model, the whole batch, one process. Same returns as a pipeline run.
 
+    Args:
+        model_fn, inputs, targets, steps, lr, loss_fn: as in :func:`train_pipeline`.
+
     Example::
 
         >>> import gpucourse as gc
@@ -296,6 +332,10 @@ def train_sequential(model_fn: Callable[[], nn.Module], inputs: torch.Tensor, ta
         >>> ref = train_sequential(make, torch.randn(6, 8), torch.randint(0, 4, (6,)), steps=2)
         >>> sorted(ref["state_dict"]), len(ref["losses"]), len(ref["step_times"])
         (['0.bias', '0.weight'], 2, 2)
+
+    .. warning::
+        For a fair speed comparison run it in a process with one thread, like each pipeline rank
+        (``gc.launch(..., 1)`` does that).
     """
     model = model_fn()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -313,7 +353,18 @@ def train_sequential(model_fn: Callable[[], nn.Module], inputs: torch.Tensor, ta
 
 @dataclass
 class PipelineRun:
-    """What :func:`run_pipeline` returns: the pipeline's results gathered from all ranks."""
+    """What :func:`run_pipeline` returns: the pipeline's results gathered from all ranks.
+
+    Example::
+
+        >>> run = PipelineRun("gpipe", 2, 4, {}, [0.5], gpipe_schedule(2, 4).simulate(), [0.1])
+        >>> round(run.timeline.bubble(), 3)
+        0.2
+
+    .. warning::
+        ``timeline`` and ``step_times`` come from one run on a shared machine: compare ratios
+        measured in the same session, not absolute times across machines.
+    """
 
     schedule: str
     num_stages: int
@@ -329,8 +380,16 @@ class PipelineRun:
 def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, targets: torch.Tensor,
                  *, num_stages: int = 2, schedule: str = "gpipe", chunks: int = 4, steps: int = 1,
                  lr: float = 0.1, loss_fn: Callable = F.cross_entropy, dp_size: int = 1,
-                 balance: list[int] | None = None, timeout: float = 120.0) -> PipelineRun:
+                 balance: list[int] | None = None, backend: str = "gloo",
+                 timeout: float = 120.0) -> PipelineRun:
     """Launch :func:`train_pipeline` in ``num_stages × dp_size`` processes and gather the results.
+
+    Args:
+        model_fn, inputs, targets, schedule, chunks, steps, lr, loss_fn, dp_size, balance: see
+            :func:`train_pipeline`.
+        num_stages: pipeline stages (processes per pipeline).
+        backend: ``"gloo"`` (CPU processes) or ``"nccl"`` (one CUDA GPU per process).
+        timeout: seconds for the whole run (see :func:`~gpucourse.launch`).
 
     Example::
 
@@ -355,7 +414,7 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
     fn = functools.partial(train_pipeline, model_fn=model_fn, inputs=inputs, targets=targets,
                            schedule=schedule, chunks=chunks, steps=steps, lr=lr, loss_fn=loss_fn,
                            dp_size=dp_size, balance=balance)
-    out = launch(fn, num_stages * dp_size, timeout=timeout)
+    out = launch(fn, num_stages * dp_size, backend=backend, timeout=timeout)
     first = [r for r in out if r["dp_rank"] == 0]
     state: dict = {}
     for r in first:

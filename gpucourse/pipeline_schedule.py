@@ -67,7 +67,21 @@ def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
 
 @dataclass(frozen=True)
 class PipelineOp:
-    """One operation of a stage: ``kind`` ``"F"`` (forward) or ``"B"`` (backward) of a micro-batch."""
+    """One operation of a stage: ``kind`` ``"F"`` (forward) or ``"B"`` (backward) of a micro-batch.
+
+    Args:
+        kind: ``"F"`` or ``"B"``.
+        microbatch: the micro-batch index, from 0.
+
+    Example::
+
+        >>> PipelineOp("B", 3)
+        B3
+
+    .. warning::
+        A stage may run ``B i`` only after its own ``F i``: the backward needs the activations the
+        forward saved (:class:`PipelineSchedule` checks this).
+    """
 
     kind: str
     microbatch: int
@@ -85,7 +99,20 @@ class PipelineOp:
 
 @dataclass(frozen=True)
 class TimelineEvent:
-    """When ``stage`` ran operation ``kind`` (``"F"``/``"B"``) of ``microbatch``: ``[start, end)``."""
+    """When ``stage`` ran operation ``kind`` (``"F"``/``"B"``) of ``microbatch``: ``[start, end)``.
+
+    Args:
+        stage, kind, microbatch: which operation.
+        start, end: when it computed (seconds, or slots in a simulation).
+
+    Example::
+
+        >>> TimelineEvent(1, "F", 0, 2.0, 3.5).duration
+        1.5
+
+    .. warning::
+        Measured events cover the computation only; waiting for a message is idle time.
+    """
 
     stage: int
     kind: str
@@ -106,6 +133,16 @@ class Timeline:
         events: the operations of all stages.
         num_stages: how many stages the pipeline has (stages without events count as idle).
         name: a title for prints and plots.
+
+    Example::
+
+        >>> timeline = gpipe_schedule(2, 2).simulate(forward_time=1, backward_time=2)
+        >>> timeline.makespan, timeline.stage_bubbles(), timeline.bubble()   # (p-1)/(m+p-1) = 1/3
+        (9.0, [0.33333333333333337, 0.33333333333333337], 0.33333333333333337)
+
+    .. warning::
+        :meth:`bubble` averages over stages the idle share of the *whole* span, from the first
+        operation to the last; an unbalanced stage shows up as extra bubble in the others.
     """
 
     events: list[TimelineEvent]

@@ -133,3 +133,12 @@ def test_torch_pipelining_with_uneven_micro_batches_fails_loudly():
                            chunks=4)
     with pytest.raises(gc.WorkerError):
         gc.launch(fn, 2, timeout=60)
+
+
+@pytest.mark.multigpu
+def test_pipeline_over_nccl_equals_single_process():
+    x, y = _data(16)
+    run = gc.run_pipeline(make_model, x, y, num_stages=2, schedule="1f1b", chunks=4, steps=2,
+                          lr=0.5, backend="nccl", timeout=120)
+    ref = gc.train_sequential(make_model, x, y, steps=2, lr=0.5)
+    _assert_same_params(run.state_dict, ref["state_dict"], atol=1e-4, rtol=1e-4)
