@@ -254,8 +254,8 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
 
     Returns:
         a dict: ``stage``, ``dp_rank``, ``state_dict`` (this stage's parameters after the steps, keyed
-        like the whole model's), ``losses`` (per step, last stage), ``events`` (last step),
-        ``step_times`` (seconds per step, all stages synchronised), ``peak_in_flight``,
+        like the whole model's), ``losses`` (per step, last stage), ``events`` (per step, a list
+        of :class:`~gpucourse.TimelineEvent`), ``step_times`` (seconds per step, all stages synchronised), ``peak_in_flight``,
         ``peak_activation_bytes``.
 
     Example::
@@ -264,9 +264,9 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
         >>> make = lambda: (torch.manual_seed(0), gc.MLP(8, 16, 16, 4))[1]
         >>> x, y = torch.randn(10, 8), torch.randint(0, 4, (10,))
         >>> out = gc.launch(functools.partial(train_pipeline, model_fn=make, inputs=x, targets=y,
-        ...                                   schedule="1f1b", chunks=3), 2)
-        >>> [r["peak_in_flight"] for r in out]
-        [2, 1]
+        ...                                   schedule="1f1b", chunks=3, steps=2), 2)
+        >>> [r["peak_in_flight"] for r in out], len(out[0]["events"]), len(out[0]["events"][-1])
+        ([2, 1], 2, 6)
 
     .. warning::
         The timeline's clock is ``time.perf_counter``, which all processes on one machine share;
@@ -294,7 +294,7 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
     opt = torch.optim.SGD(stage.parameters(), lr=lr)
     my_x = split_microbatches(inputs, dp_size)[dp_rank].to(device)
     my_y = split_microbatches(targets, dp_size)[dp_rank].to(device)
-    losses, times, result = [], [], {}
+    losses, times, step_events, result = [], [], [], {}
     for _ in range(steps):
         dist.barrier()
         start = time.perf_counter()
@@ -311,9 +311,10 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
         dist.barrier()
         times.append(_synced(time.perf_counter, comm.device) - start)
         losses.append(result["loss"])
+        step_events.append(result["events"])
     state = {k: v.cpu() for k, v in stage.state_dict().items()}
     return {"stage": pp_rank, "dp_rank": dp_rank, "state_dict": state,
-            "losses": losses, "events": result["events"], "step_times": times,
+            "losses": losses, "events": step_events, "step_times": times,
             "peak_in_flight": result["peak_in_flight"],
             "peak_activation_bytes": result["peak_activation_bytes"]}
 
@@ -358,6 +359,8 @@ class PipelineRun:
     Example::
 
         >>> run = PipelineRun("gpipe", 2, 4, {}, [0.5], gpipe_schedule(2, 4).simulate(), [0.1])
+        >>> run.peak_in_flight, run.timelines        # not filled in by hand here
+        ([], [])
         >>> round(run.timeline.bubble(), 3)
         0.2
 
@@ -373,6 +376,7 @@ class PipelineRun:
     losses: list[float]                   # per step
     timeline: Timeline                    # measured, last step
     step_times: list[float]               # seconds per step
+    timelines: list[Timeline] = field(default_factory=list)          # measured, every step
     peak_in_flight: list[int] = field(default_factory=list)          # per stage
     peak_activation_bytes: list[int] = field(default_factory=list)   # per stage
 
@@ -419,13 +423,13 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
     state: dict = {}
     for r in first:
         state.update(r["state_dict"])
-    events = [e for r in first for e in r["events"]]
     name = schedule if isinstance(schedule, str) else schedule.name
+    timelines = [Timeline.from_measured([e for r in first for e in r["events"][k]], num_stages,
+                                        f"{name} (measured)") for k in range(steps)]
     return PipelineRun(
         schedule=name, num_stages=num_stages, chunks=chunks, state_dict=state,
         losses=[sum(r["losses"][k] for r in out if r["losses"][k] is not None) for k in range(steps)],
-        timeline=Timeline.from_measured(events, num_stages, f"{name} (measured)"),
-        step_times=first[0]["step_times"],
+        timeline=timelines[-1], timelines=timelines, step_times=first[0]["step_times"],
         peak_in_flight=[r["peak_in_flight"] for r in first],
         peak_activation_bytes=[r["peak_activation_bytes"] for r in first])
 
