@@ -2,9 +2,8 @@
 
 The model is a LayerNorm and 12 Linear(1024, 1024) layers with ReLUs (12.6M parameters), trained
 with SGD on batches of 2048; the pipeline cuts it into 2 stages of 6 Linear layers each and each
-batch into 8 micro-batches of 256. Both
-sides run in processes started by `gc.launch` with one intra-op thread, so the only parallelism is
-the pipeline's. Per step the ideal speed-up of p stages and m micro-batches is p·m / (m + p − 1)
+batch into 8 micro-batches of 256. Both sides run in processes started by `gc.launch` with one
+intra-op thread, so the only parallelism is the pipeline's. Per step the ideal speed-up of p stages and m micro-batches is p·m / (m + p − 1)
 = 16/9 ≈ 1.78 (the bubble (p−1)/(m+p−1) = 1/9 ≈ 11% of each stage's time is lost).
 
 The baseline and the two schedules run back to back in each of 3 rounds; the speed-up is the
@@ -17,7 +16,6 @@ busy neighbour makes the numbers meaningless.
 
 import functools
 import os
-import resource
 import statistics
 import sys
 
@@ -46,9 +44,11 @@ def sequential_worker(rank, world_size, x, y):
 def _busy_cpu_seconds():
     """CPU time used by the whole machine, and by this process and its (finished) children."""
     try:
+        import resource
+
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
-    except OSError:        # not Linux: contention cannot be checked
+    except (ImportError, OSError):        # not Linux: contention cannot be checked
         return None, None
     machine = (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")  # user..softirq, steal
     own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
