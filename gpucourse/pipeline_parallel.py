@@ -415,6 +415,9 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
 
     from .launcher import launch
 
+    # torch.optim imports torch._dynamo on first use (~1 s); do it once here, so that the forked
+    # ranks inherit it instead of each paying for it at every launch
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
     fn = functools.partial(train_pipeline, model_fn=model_fn, inputs=inputs, targets=targets,
                            schedule=schedule, chunks=chunks, steps=steps, lr=lr, loss_fn=loss_fn,
                            dp_size=dp_size, balance=balance)
