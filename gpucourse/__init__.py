@@ -45,3 +45,13 @@ from .number_formats import (BitFields, CastReport, FloatFormat, bit_fields, cas
                              underflow_fraction)
 
 # --- chapter 07: model / pipeline parallelism ------------------------------------------------
+from .activation_memory import SavedActivationMeter
+from .model_split import (ModelParallel, TwoDeviceToyModel, balanced_partition, layer_costs,
+                          split_sequential, training_state_bytes)
+from .parallel_grid import ParallelGrid
+from .pipeline import GPipe, clock_cycles, merge_microbatches, split_microbatches
+from .pipeline_comm import PipelineComm
+from .pipeline_parallel import (PipelineRun, make_schedule, pipeline_step, run_pipeline,
+                                train_pipeline, train_sequential, train_torch_pipelining)
+from .pipeline_schedule import (PipelineOp, PipelineSchedule, Timeline, TimelineEvent,
+                                bubble_fraction, gpipe_schedule, one_f_one_b_schedule)

@@ -1,0 +1,168 @@
+"""Pipeline communication: activations forward, gradients backward, with point-to-point send/recv.
+
+In a pipeline across processes each stage talks only to its neighbours:
+
+* forward: stage ``s`` sends its output (an activation) to stage ``s + 1``;
+* backward: stage ``s + 1`` sends the gradient of the loss w.r.t. that activation back to ``s``.
+
+Three details make it fast and safe:
+
+1) **Sends are non-blocking** (``isend``): a stage hands its activation over and computes on. With
+   blocking sends, two neighbours sending to each other at the same moment (1F1B does that) would
+   wait for each other forever.
+2) **Receives are posted early** (``irecv`` into a buffer of the known shape, :meth:`post_recv_forward`).
+   gloo moves a message only once the receiver has asked for it; if the sender is already busy
+   computing by then, its communication thread must first get a CPU — on a 2-core laptop that costs
+   milliseconds per message. A receive posted before the sender sends completes without help.
+3) **Each message is tagged** with its micro-batch and direction, so a forward of micro-batch 3 can
+   never be taken for micro-batch 2.
+
+This module is only the transport; which micro-batch moves when is the schedule's business
+(:mod:`gpucourse.pipeline_schedule`, :func:`gpucourse.pipeline_step`). Pass ``trace=[]`` to get a
+log of every send and receive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["PipelineComm"]
+
+
+def _tag(kind: str, microbatch: int) -> int:
+    return 2 * microbatch + (0 if kind == "activation" else 1)
+
+
+class PipelineComm:
+    """Send/recv between neighbouring pipeline stages of the default process group.
+
+    Args:
+        ranks: the global ranks of this pipeline's stages in order (default: ``0 … world_size-1``).
+            The calling process must be one of them; its position is its stage.
+        trace: a list to append one line per message to (for learning and debugging), or ``None``.
+        device: where receive buffers are allocated: ``"cpu"`` for gloo, this rank's
+            ``cuda:<local_rank>`` for NCCL.
+
+    Example (two processes, one stage each)::
+
+        >>> import gpucourse as gc
+        >>> def ping(rank, world_size):
+        ...     comm = PipelineComm()
+        ...     if comm.is_first:
+        ...         comm.send_forward(torch.ones(2, 3), microbatch=0)
+        ...     else:
+        ...         return comm.recv_forward(microbatch=0, shape=(2, 3)).sum().item()
+        ...     comm.wait()
+        >>> gc.launch(ping, 2)
+        [None, 6.0]
+
+    .. warning::
+        The receiver must know the shape (and dtype) of what it receives: in a pipeline that is the
+        micro-batch size times the stage boundary's feature shape. A wrong shape makes gloo raise a
+        size mismatch; a receive that no send matches waits until the launch timeout.
+    """
+
+    def __init__(self, ranks: Sequence[int] | None = None, trace: list | None = None,
+                 device: str | torch.device = "cpu"):
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError("PipelineComm needs a process group: call it inside a function started "
+                               "by gc.launch, or after torch.distributed.init_process_group()")
+        self.ranks = list(range(dist.get_world_size())) if ranks is None else list(ranks)
+        rank = dist.get_rank()
+        if rank not in self.ranks:
+            raise ValueError(f"this process (rank {rank}) is not one of the pipeline's ranks {self.ranks}")
+        self.stage = self.ranks.index(rank)
+        self.num_stages = len(self.ranks)
+        self.trace = trace
+        self.device = torch.device(device)
+        self._pending: list = []    # (work, tensor) of sends in flight
+        self._posted: dict = {}     # (what, microbatch) -> (work, buffer, stage) of posted receives
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    def _log(self, text: str) -> None:
+        if self.trace is not None:
+            self.trace.append(f"stage {self.stage}: {text}")
+
+    def _send(self, tensor: torch.Tensor, stage: int, microbatch: int, what: str) -> None:
+        payload = tensor.detach().contiguous()
+        work = dist.isend(payload, self.ranks[stage], tag=_tag(what, microbatch))
+        self._pending.append((work, payload))  # keep the tensor alive until the send completes
+        self._log(f"send {what} mb {microbatch} {tuple(payload.shape)} -> stage {stage}")
+
+    def _post(self, stage: int, microbatch: int, what: str, shape, dtype) -> None:
+        key = (what, microbatch)
+        if key in self._posted:
+            raise RuntimeError(f"the receive of the {what} of micro-batch {microbatch} is already posted")
+        buffer = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        work = dist.irecv(buffer, self.ranks[stage], tag=_tag(what, microbatch))
+        self._posted[key] = (work, buffer, stage)
+
+    def _recv(self, stage: int, microbatch: int, what: str, shape, dtype) -> torch.Tensor:
+        key = (what, microbatch)
+        if key not in self._posted:
+            if shape is None:
+                raise RuntimeError(f"no receive posted for the {what} of micro-batch {microbatch}: "
+                                   f"post it first or pass shape=")
+            self._post(stage, microbatch, what, shape, dtype)
+        work, buffer, _ = self._posted.pop(key)
+        work.wait()
+        self._log(f"recv {what} mb {microbatch} {tuple(buffer.shape)} <- stage {stage}")
+        return buffer
+
+    def send_forward(self, activation: torch.Tensor, microbatch: int) -> None:
+        """Hand this stage's output for ``microbatch`` to the next stage (non-blocking)."""
+        if self.is_last:
+            raise RuntimeError("the last stage has no next stage to send activations to")
+        self._send(activation, self.stage + 1, microbatch, "activation")
+
+    def post_recv_forward(self, microbatch: int, shape: Sequence[int],
+                          dtype: torch.dtype = torch.float32) -> None:
+        """Ask now for the previous stage's output for ``microbatch`` (collect it with :meth:`recv_forward`)."""
+        if self.is_first:
+            raise RuntimeError("the first stage reads its input from the batch, not from a stage")
+        self._post(self.stage - 1, microbatch, "activation", shape, dtype)
+
+    def recv_forward(self, microbatch: int, shape: Sequence[int] | None = None,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Wait for the previous stage's output for ``microbatch`` (posted earlier, or now with ``shape``)."""
+        if self.is_first:
+            raise RuntimeError("the first stage reads its input from the batch, not from a stage")
+        return self._recv(self.stage - 1, microbatch, "activation", shape, dtype)
+
+    def send_backward(self, grad: torch.Tensor, microbatch: int) -> None:
+        """Hand d(loss)/d(this stage's input) for ``microbatch`` back to the previous stage."""
+        if self.is_first:
+            raise RuntimeError("the first stage has no previous stage to send gradients to")
+        self._send(grad, self.stage - 1, microbatch, "gradient")
+
+    def post_recv_backward(self, microbatch: int, shape: Sequence[int],
+                           dtype: torch.dtype = torch.float32) -> None:
+        """Ask now for d(loss)/d(this stage's output) for ``microbatch`` from the next stage."""
+        if self.is_last:
+            raise RuntimeError("the last stage starts the backward from the loss")
+        self._post(self.stage + 1, microbatch, "gradient", shape, dtype)
+
+    def recv_backward(self, microbatch: int, shape: Sequence[int] | None = None,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Wait for d(loss)/d(this stage's output) for ``microbatch`` (posted earlier, or now with ``shape``)."""
+        if self.is_last:
+            raise RuntimeError("the last stage starts the backward from the loss")
+        return self._recv(self.stage + 1, microbatch, "gradient", shape, dtype)
+
+    def wait(self) -> None:
+        """Wait until every message this stage sent has left (call before reusing buffers or exiting)."""
+        if self._posted:
+            raise RuntimeError(f"receives posted but never collected: {sorted(self._posted)}")
+        for work, _tensor in self._pending:
+            work.wait()
+        self._pending.clear()
