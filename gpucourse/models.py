@@ -51,11 +51,21 @@ class MLP(nn.Sequential):
     Example::
 
         >>> import torch
-        >>> MLP(32, 64, 10)(torch.zeros(5, 32)).shape
+        >>> mlp = MLP(32, 64, 10)
+        >>> mlp(torch.zeros(5, 32)).shape
         torch.Size([5, 10])
+        >>> mlp[:2]                          # slices are MLPs too (e.g. pipeline stages)
+        MLP(
+          (0): Linear(in_features=32, out_features=64, bias=True)
+          (1): ReLU()
+        )
     """
 
     def __init__(self, *sizes: int):
+        if len(sizes) == 1 and isinstance(sizes[0], dict):
+            # nn.Sequential slicing (mlp[1:3]) rebuilds the class from an OrderedDict of layers
+            super().__init__(sizes[0])
+            return
         if len(sizes) < 2:
             raise ValueError(f"MLP needs at least an input and an output size, got {sizes}")
         if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):

@@ -70,3 +70,11 @@ def test_models_shapes_and_grads():
     with pytest.raises(ValueError):
         gc.MLP(8)
     assert gc.ToyModel()(torch.randn(2, 10)).shape == (2, 5)
+
+
+def test_mlp_slices_share_layers():
+    mlp = gc.MLP(4, 8, 8, 2)
+    head, tail = mlp[:2], mlp[2:]
+    assert head[0] is mlp[0] and tail[-1] is mlp[-1]
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(tail(head(x)), mlp(x))
