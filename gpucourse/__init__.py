@@ -25,6 +25,8 @@ from .timing import Timing, format_comparison, measure, speedup
 # --- chapter 04: DistributedDataParallel ----------------------------------------------------
 
 # --- chapter 05: multi-node initialisation ---------------------------------------------------
+from .dist_env import DistEnv, dist_env_from, expand_slurm_nodelist, global_rank, rank_layout
+from .nodes import NodeError, NodeResult, launch_nodes, torchrun_command
 
 # --- chapter 06: mixed precision -------------------------------------------------------------
 
