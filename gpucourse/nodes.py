@@ -342,7 +342,7 @@ def _wait(procs, owners, timeout):
             for i, c in enumerate(codes):
                 if c not in (None, 0):
                     failed = owners[i]
-                    deadline = min(deadline, time.monotonic() + 5.0)  # peers notice and exit
+                    deadline = min(deadline, time.monotonic() + 2.0)  # peers notice and exit
                     break
         if all(c is not None for c in codes):
             return failed, False

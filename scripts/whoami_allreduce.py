@@ -24,6 +24,7 @@ the group through ``env://`` and all-reduces ``rank + 1``: every rank must get
 import argparse
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -48,10 +49,11 @@ def run(local_rank, args):
     expected = env.world_size * (env.world_size + 1) / 2
     # mp.spawn's children share one terminal: label lines like torchrun's --tee does
     label = f"[rank {env.rank}] " if spawned else ""
-    print(f"{label}rank {env.rank:>2} = node {env.node_rank} x {env.nproc_per_node} + local "
-          f"{env.local_rank}  of world_size {env.world_size}  ({env.source}, master "
-          f"{env.master_addr})  all_reduce: {t.item():g} {'✓' if t.item() == expected else '✗'}",
-          flush=True)
+    line = (f"{label}rank {env.rank:>2} = node {env.node_rank} x {env.nproc_per_node} + local "
+            f"{env.local_rank}  of world_size {env.world_size}  ({env.source}, master "
+            f"{env.master_addr})  all_reduce: {t.item():g} {'✓' if t.item() == expected else '✗'}")
+    sys.stdout.write(line + "\n")  # one write: lines of processes sharing a terminal stay whole
+    sys.stdout.flush()
     dist.destroy_process_group()
     if t.item() != expected:
         raise SystemExit(f"rank {env.rank}: all_reduce gave {t.item()}, expected {expected}")
