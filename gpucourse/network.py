@@ -124,6 +124,16 @@ class EmulatedLink:
             raise ValueError(f"host must be 0 or 1, got {host!r}")
         return ["ip", "netns", "exec", self.namespaces[host]]
 
+    def launch_options(self, *, set_ifname: bool = True) -> dict:
+        """Keyword arguments for :func:`~gpucourse.launch_nodes` that run node ``i`` on host ``i``.
+
+        Node 0 (rank 0's store) is on host 0, so that host's address is the master address.
+        ``set_ifname=False`` leaves out ``GLOO_SOCKET_IFNAME`` — to see what goes wrong without it.
+        """
+        env = {"GLOO_SOCKET_IFNAME": self.interface} if set_ifname else {}
+        return {"master_addr": self.addresses[0], "node_prefix": [self.prefix(0), self.prefix(1)],
+                "env": env}
+
 
 def _remove_stale_namespaces() -> None:
     """Delete namespaces left by a gpucourse process that was killed before it cleaned up."""
@@ -157,7 +167,7 @@ def emulated_link(rate_mbit: float = 1000.0, delay_ms: float = 0.0,
 
         >>> ok, _ = netns_support()
         >>> if ok:
-        ...     with emulated_link(1000) as link:
+        ...     with emulated_link(1000) as link:     # then: launch_nodes(..., **link.launch_options())
         ...         print(link.interface, link.addresses)
         ... else:
         ...     print("gcnet0 ('10.77.0.1', '10.77.0.2')")
