@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import gpucourse as gc  # noqa: E402
+import gpucourse as gc
 
 SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20]
 TOLERANCE = 0.25

@@ -31,9 +31,18 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["AlphaBeta", "LINKS", "ring_all_reduce_time", "ring_all_reduce_bytes",
-           "fit_alpha_beta", "measure_point_to_point", "measure_all_reduce",
-           "StepPrediction", "predict_step_time", "scaling_table"]
+__all__ = [
+    "LINKS",
+    "AlphaBeta",
+    "StepPrediction",
+    "fit_alpha_beta",
+    "measure_all_reduce",
+    "measure_point_to_point",
+    "predict_step_time",
+    "ring_all_reduce_bytes",
+    "ring_all_reduce_time",
+    "scaling_table",
+]
 
 
 def _check_size(name: str, value) -> None:

@@ -39,7 +39,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["DistEnv", "dist_env_from", "global_rank", "rank_layout", "expand_slurm_nodelist"]
+__all__ = ["DistEnv", "dist_env_from", "expand_slurm_nodelist", "global_rank", "rank_layout"]
 
 _TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _SLURM = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID")

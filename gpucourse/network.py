@@ -32,7 +32,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["network_interfaces", "netns_support", "emulated_link", "EmulatedLink"]
+__all__ = ["EmulatedLink", "emulated_link", "netns_support", "network_interfaces"]
 
 _NS_PREFIX = "gpucourse-"
 _counter = itertools.count()
@@ -219,11 +219,12 @@ def emulated_link(rate_mbit: float = 1000.0, delay_ms: float = 0.0,
                 parent = ["root"]
             _run(["ip", "netns", "exec", n, "tc", "qdisc", "add", "dev", interface, *parent,
                   "tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms"])
-    except BaseException as e:
+    except subprocess.CalledProcessError as e:
         cleanup()
-        if isinstance(e, subprocess.CalledProcessError):
-            raise RuntimeError(f"setting up the emulated link failed at `{' '.join(e.cmd)}`: "
-                               f"{(e.stderr or '').strip()}") from None
+        raise RuntimeError(f"setting up the emulated link failed at `{' '.join(e.cmd)}`: "
+                           f"{(e.stderr or '').strip()}") from None
+    except BaseException:  # KeyboardInterrupt among others: never leave namespaces behind
+        cleanup()
         raise
     try:
         yield EmulatedLink(ns, addrs, interface, float(rate_mbit))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from .launcher import free_port
 
-__all__ = ["NodeResult", "NodeError", "launch_nodes", "torchrun_command"]
+__all__ = ["NodeError", "NodeResult", "launch_nodes", "torchrun_command"]
 
 _LAUNCHERS = ("torchrun", "srun", "openpai")
 _PREFIX = re.compile(r"^\[rank (\d+)\] ?")

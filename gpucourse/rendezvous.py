@@ -28,9 +28,9 @@ import socket
 import time
 import urllib.parse
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
-__all__ = ["InitMethod", "parse_init_method", "checked_init_process_group"]
+__all__ = ["InitMethod", "checked_init_process_group", "parse_init_method"]
 
 _SCHEMES = ("tcp", "file", "env")
 _EXAMPLES = "tcp://10.0.0.1:29500, file:///mnt/shared/job42.init or env://"
@@ -148,7 +148,7 @@ def _is_local_address(host: str) -> bool:
     return False
 
 
-@lru_cache(maxsize=None)
+@cache
 def _fresh_key_count(kind: str) -> int:
     """Keys a brand-new store of this kind reports (FileStore keeps an internal user counter)."""
     import tempfile

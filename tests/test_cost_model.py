@@ -19,7 +19,7 @@ def simulate_ring_all_reduce(values, alpha, beta, bytes_per_element=4):
     p, n = len(values), len(values[0])
     data = [list(v) for v in values]
     bounds = [round(i * n / p) for i in range(p + 1)]          # chunk c = [bounds[c], bounds[c+1])
-    chunk = lambda c: range(bounds[c % p], bounds[c % p + 1])  # noqa: E731
+    chunk = lambda c: range(bounds[c % p], bounds[c % p + 1])
     messages, sent, total = [0] * p, [0] * p, 0.0
     for step in range(2 * (p - 1)):
         reduce_phase = step < p - 1

@@ -1,7 +1,6 @@
 """checked_init_process_group and parse_init_method: good configurations work, bad ones fail fast."""
 
 import datetime
-import os
 import socket
 import time
 
