@@ -101,6 +101,11 @@ def ring_all_reduce_time(nbytes: float, world_size: int, alpha: float, beta: flo
 class AlphaBeta:
     """A link in the α-β model: ``alpha`` seconds per message, ``beta`` seconds per byte.
 
+    Args:
+        alpha: latency, seconds per message.
+        beta: seconds per byte (1 / bandwidth in bytes/s).
+        name: a label for printing.
+
     Example::
 
         >>> gbe = AlphaBeta.from_bandwidth("1 GbE", latency=50e-6, gbit_per_s=1)
@@ -321,7 +326,23 @@ def measure_all_reduce(sizes: Sequence[int], world_size: int = 2, *, repeats: in
 
 @dataclass(frozen=True)
 class StepPrediction:
-    """Predicted time of one data-parallel training step (seconds)."""
+    """Predicted time of one data-parallel training step (seconds), from :func:`predict_step_time`.
+
+    Args:
+        compute, communication, total: seconds per step (``total`` is their sum, or their maximum
+            when communication is assumed to overlap).
+        world_size: number of processes.
+
+    Example::
+
+        >>> p = StepPrediction(compute=0.1, communication=0.1, total=0.2, world_size=16)
+        >>> p.speedup          # 16 processes at half efficiency: 8 times one process
+        8.0
+
+    .. warning::
+        ``speedup`` assumes every process computes as fast as a lone one: input pipelines,
+        stragglers or a shared PCIe switch that slow down at scale are not in the model.
+    """
 
     compute: float
     communication: float

@@ -104,7 +104,19 @@ def netns_support() -> tuple[bool, str]:
 
 @dataclass(frozen=True)
 class EmulatedLink:
-    """Two network namespaces ("hosts") joined by a rate-limited virtual cable.
+    """Two network namespaces ("hosts") joined by a rate-limited virtual cable (:func:`emulated_link`).
+
+    Example::
+
+        >>> link = EmulatedLink(("ns-a", "ns-b"), ("10.77.0.1", "10.77.0.2"), "gcnet0", 1000.0)
+        >>> link.prefix(1)
+        ['ip', 'netns', 'exec', 'ns-b']
+        >>> link.launch_options()["env"]
+        {'GLOO_SOCKET_IFNAME': 'gcnet0'}
+
+    .. warning::
+        Only valid inside the ``with emulated_link(...)`` block that created it: afterwards the
+        namespaces no longer exist.
 
     Attributes:
         namespaces: the two namespace names.

@@ -40,7 +40,18 @@ _PREFIX = re.compile(r"^\[rank (\d+)\] ?")
 
 @dataclass
 class NodeResult:
-    """What one emulated node did.
+    """What one emulated node did (returned by :func:`launch_nodes`).
+
+    Example::
+
+        >>> r = NodeResult(1, [["python", "x.py"]], 0, "[rank 2] hello\\n[rank 3] hi\\n")
+        >>> r.lines = _group_lines(r.stdout, None)
+        >>> r.by_rank()
+        {2: ['hello'], 3: ['hi']}
+
+    .. warning::
+        ``stdout`` interleaves the lines of the node's processes in the order they were written;
+        use :meth:`by_rank` for a deterministic view.
 
     Attributes:
         node_rank: the node's index.
@@ -64,7 +75,17 @@ class NodeResult:
 
 
 class NodeError(RuntimeError):
-    """An emulated node exited with an error; ``.node_rank`` names it, ``.results`` holds all nodes."""
+    """An emulated node exited with an error; ``.node_rank`` names it, ``.results`` holds all nodes.
+
+    The message shows the first traceback printed by one of the node's processes — usually the
+    root cause; the other nodes were stopped because of it.
+
+    Example::
+
+        >>> err = NodeError("node 1 failed", 1, [])
+        >>> isinstance(err, RuntimeError), err.node_rank
+        (True, 1)
+    """
 
     def __init__(self, message: str, node_rank: int, results: list[NodeResult]):
         super().__init__(message)

@@ -39,7 +39,21 @@ _PREFIX = "gpucourse/join/"
 
 @dataclass(frozen=True)
 class InitMethod:
-    """A parsed ``init_method`` URL: ``scheme`` is ``"tcp"``, ``"file"`` or ``"env"``."""
+    """A parsed ``init_method`` URL (see :func:`parse_init_method`).
+
+    Args:
+        scheme: ``"tcp"``, ``"file"`` or ``"env"``.
+        host, port: rank 0's machine and port (``tcp`` only).
+        path: the absolute path of the shared file (``file`` only).
+
+    Example::
+
+        >>> InitMethod("tcp", "::1", 29500).url          # IPv6 addresses get brackets
+        'tcp://[::1]:29500'
+
+    .. warning::
+        Build it with :func:`parse_init_method`: the constructor does not check its fields.
+    """
 
     scheme: str
     host: str | None = None
