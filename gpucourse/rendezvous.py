@@ -257,22 +257,29 @@ def _join(store, rank: int, world_size: int, join_timeout: float, fresh_keys: in
         store.set(abort, msg)
         raise RuntimeError(msg)
     # 3) wait for all ranks, watching for an abort from another process
-    keys = [_PREFIX + f"rank/{r}" for r in range(world_size)]
-    deadline = time.monotonic() + join_timeout
+    missing = _wait_all(store, "rank", rank, world_size, join_timeout)
+    if missing:
+        arrived = store.add(_PREFIX + "arrivals", 0)
+        raise TimeoutError(
+            f"rank {rank}: only {world_size - len(missing)} of world_size={world_size} ranks "
+            f"joined within {join_timeout:g} s; rank(s) {missing} never arrived ({arrived} "
+            "process(es) reached the store). world_size must equal the number of processes "
+            "started (nnodes × nproc_per_node, not the number of machines); every node must "
+            "be started, with the same master address and port")
+
+
+def _wait_all(store, what: str, rank: int, world_size: int, timeout: float) -> list[int]:
+    """Wait until every rank has set ``<prefix><what>/<r>``; return the ranks still missing."""
+    keys = [_PREFIX + f"{what}/{r}" for r in range(world_size)]
+    deadline = time.monotonic() + timeout
     while not store.check(keys):
-        if store.check([abort]):
+        if store.check([_PREFIX + "abort"]):
             raise RuntimeError(f"rank {rank}: another process stopped the rendezvous: "
-                               f"{store.get(abort).decode()}")
+                               f"{store.get(_PREFIX + 'abort').decode()}")
         if time.monotonic() > deadline:
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
-            arrived = store.add(_PREFIX + "arrivals", 0)
-            raise TimeoutError(
-                f"rank {rank}: only {world_size - len(missing)} of world_size={world_size} ranks "
-                f"joined within {join_timeout:g} s; rank(s) {missing} never arrived ({arrived} "
-                "process(es) reached the store). world_size must equal the number of processes "
-                "started (nnodes × nproc_per_node, not the number of machines); every node must "
-                "be started, with the same master address and port")
+            return [r for r, k in enumerate(keys) if not store.check([k])]
         time.sleep(0.02)
+    return []
 
 
 def _pid_alive(pid: int) -> bool:
@@ -298,7 +305,9 @@ def checked_init_process_group(backend: str = "gloo", init_method: str | None = 
     2. the store is built as ``init_method`` says (rank 0 must be on the master address; the port
        must be free);
     3. every process registers its rank in the store and waits at most ``join_timeout`` seconds for
-       the others — a stale ``file://``, a duplicate rank or missing ranks raise at once.
+       the others — a stale ``file://``, a duplicate rank or missing ranks raise at once;
+    4. after ``init_process_group``, it returns only when every rank is connected (and rank 0,
+       which may host the store, only after the others are done with it).
 
     Args:
         backend: ``"gloo"`` (CPU, or GPUs without NCCL), ``"nccl"`` (CUDA GPUs), ``"mpi"``.
@@ -336,7 +345,7 @@ def checked_init_process_group(backend: str = "gloo", init_method: str | None = 
         ValueError: Invalid rank 2, rank should be in the interval [0, 1]. world_size counts processes (nnodes × nproc_per_node), not machines
 
     .. warning::
-        The checks cost one extra round trip through the store per process. They catch
+        The checks cost a few extra round trips through the store per process. They catch
         configuration mistakes at start-up; a collective that only some ranks call later is
         caught by ``timeout`` (and ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` names the rank).
     """
@@ -401,3 +410,17 @@ def checked_init_process_group(backend: str = "gloo", init_method: str | None = 
     _join(store, rank, world_size, join_s, fresh, where)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=timeout_s))
+    # 4) return only when every rank is connected: a fast rank that left the group at once could
+    #    otherwise close its sockets while a slower one is still completing the handshake
+    store.set(_PREFIX + f"connected/{rank}", "1")
+    missing = _wait_all(store, "connected", rank, world_size, join_s)
+    if missing:
+        raise TimeoutError(f"rank {rank}: rank(s) {missing} joined the store but did not finish "
+                           f"connecting within {join_s:g} s (a firewall between the machines, or "
+                           "the wrong network interface: set GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME)")
+    # 5) the store may live in rank 0's process: rank 0 returns last, once nobody polls it anymore
+    if rank != 0:
+        store.set(_PREFIX + f"done/{rank}", "1")
+    else:
+        store.set(_PREFIX + "done/0", "1")
+        _wait_all(store, "done", rank, world_size, join_s)
