@@ -34,6 +34,13 @@ from .workloads import python_work, torch_work
 # --- chapter 04: DistributedDataParallel ----------------------------------------------------
 
 # --- chapter 05: multi-node initialisation ---------------------------------------------------
+from .cost_model import (LINKS, AlphaBeta, StepPrediction, fit_alpha_beta, measure_all_reduce,
+                         measure_point_to_point, predict_step_time, ring_all_reduce_bytes,
+                         ring_all_reduce_time, scaling_table)
+from .dist_env import DistEnv, dist_env_from, expand_slurm_nodelist, global_rank, rank_layout
+from .network import EmulatedLink, emulated_link, netns_support, network_interfaces
+from .nodes import NodeError, NodeResult, launch_nodes, torchrun_command
+from .rendezvous import InitMethod, checked_init_process_group, parse_init_method
 
 # --- chapter 06: mixed precision -------------------------------------------------------------
 from .amp import AmpStepResult, AutocastModule, OpRecord, amp_step, autocast_op_dtypes, format_op_table

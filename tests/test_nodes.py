@@ -1,0 +1,145 @@
+"""Emulated nodes: torchrun / srun / OpenPAI launches, failures, hangs and cleanup."""
+
+import os
+import re
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import gpucourse as gc
+
+ROOT = Path(__file__).resolve().parents[1]
+WHOAMI = str(ROOT / "scripts" / "whoami_allreduce.py")
+LINE = re.compile(r"rank\s+(\d+) = node (\d) x (\d) \+ local (\d)\s+of world_size (\d+)\s+"
+                  r"\((\w+), master ([\d.]+)\)\s+all_reduce: (\d+) ✓")
+
+
+def _parse(results):
+    """{global rank: (node, nproc, local, world, source, reduced)} from the script's lines."""
+    seen = {}
+    for res in results:
+        for rank, lines in res.by_rank().items():
+            for line in lines:
+                m = LINE.search(line)
+                if m:
+                    r, node, nproc, local, world, source, _, total = m.groups()
+                    assert int(r) == rank, line
+                    seen[rank] = (int(node), int(nproc), int(local), int(world), source, int(total))
+                    assert int(node) == res.node_rank
+    return seen
+
+
+# OpenPAI's processes are started by mp.spawn (a fresh interpreter each): 1 per node keeps it quick
+@pytest.mark.parametrize("launcher, nproc, args", [("torchrun", 2, ()), ("srun", 2, ()),
+                                                   ("openpai", 1, ("--spawn", "1"))])
+def test_same_script_under_three_launchers(launcher, nproc, args, capsys):
+    results = gc.launch_nodes(WHOAMI, nnodes=2, nproc_per_node=nproc, launcher=launcher,
+                              script_args=args, timeout=120)
+    assert [r.returncode for r in results] == [0, 0]
+    seen = _parse(results)
+    world = 2 * nproc
+    expected = {rank: (node, nproc, local, world, launcher if launcher != "srun" else "slurm",
+                       world * (world + 1) // 2)
+                for rank, node, local in gc.rank_layout(2, nproc)}
+    assert seen == expected
+    out = capsys.readouterr().out
+    assert out.index("── node 0") < out.index(f"[rank {nproc - 1}]") < out.index("── node 1")
+
+
+def test_torchrun_commands_differ_only_in_node_rank():
+    cmds = [gc.torchrun_command("train.py", nnodes=3, node_rank=i, nproc_per_node=4,
+                                master_addr="10.0.0.1", master_port=29500) for i in range(3)]
+    diffs = {tuple(sorted(set(a) ^ set(b))) for a in cmds for b in cmds if a != b}
+    assert all(all(d.startswith("--node_rank=") for d in diff) for diff in diffs)
+    with pytest.raises(ValueError, match="node_rank must be an int in"):
+        gc.torchrun_command("t.py", nnodes=2, node_rank=2, nproc_per_node=1, master_addr="h",
+                            master_port=1)
+
+
+def _script(tmp_path, body):
+    path = tmp_path / "job.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_failing_node_stops_the_job_and_shows_its_traceback(tmp_path):
+    script = _script(tmp_path, """
+        import os, time
+        if os.environ["SLURM_NODEID"] == "1":
+            raise ValueError("bad data on node 1")
+        time.sleep(60)
+    """)
+    start = time.monotonic()
+    with pytest.raises(gc.NodeError, match="ValueError: bad data on node 1") as err:
+        gc.launch_nodes(script, 2, 1, launcher="srun", timeout=60, echo=False)
+    assert err.value.node_rank == 1
+    assert time.monotonic() - start < 30           # node 0 was stopped, not waited for
+    assert err.value.results[0].returncode is None
+
+
+def test_a_hanging_job_times_out_and_leaves_no_process(tmp_path):
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = _script(tmp_path, f"""
+        import os, time
+        open(os.path.join({str(pids)!r}, str(os.getpid())), "w").close()
+        time.sleep(600)
+    """)
+    with pytest.raises(TimeoutError, match="did not finish within 3 s"):
+        gc.launch_nodes(script, 2, 1, launcher="srun", timeout=3, echo=False)
+    started = [int(p.name) for p in pids.iterdir()]
+    assert len(started) == 2
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(p) for p in started):
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in started)
+
+
+def test_check_false_returns_results_and_environment_is_clean(tmp_path):
+    script = _script(tmp_path, """
+        import os, sys
+        print(os.environ.get("GREETING"), os.environ.get("NODE_NAME"), os.environ["SLURM_PROCID"])
+        sys.exit(3 if os.environ["SLURM_PROCID"] == "1" else 0)
+    """)
+    res = gc.launch_nodes(script, 2, 1, launcher="srun", env={"GREETING": "hi"},
+                          node_env=[{"NODE_NAME": "a"}, {"NODE_NAME": "b"}], check=False,
+                          echo=False)
+    assert [r.returncode for r in res] == [0, 3]
+    assert res[0].by_rank() == {0: ["hi a 0"]} and res[1].by_rank() == {1: ["hi b 1"]}
+
+
+@pytest.mark.parametrize("kwargs, exc, msg", [
+    (dict(nnodes=0), ValueError, "nnodes must be >= 1"),
+    (dict(nproc_per_node=1.5), TypeError, "nproc_per_node must be an int"),
+    (dict(launcher="mpirun"), ValueError, "launcher must be one of"),
+    (dict(timeout=0), ValueError, "timeout"),
+    (dict(node_env=[{}]), ValueError, "one entry per node"),
+    (dict(master_port=70000), ValueError, "master_port"),
+    (dict(script="no/such/script.py"), FileNotFoundError, "does not exist"),
+])
+def test_bad_arguments(kwargs, exc, msg):
+    args = dict(script=WHOAMI, nnodes=2, nproc_per_node=1)
+    args.update(kwargs)
+    with pytest.raises(exc, match=msg):
+        gc.launch_nodes(**args)
+
+
+def test_python_of_this_environment_is_used():
+    cmd = gc.torchrun_command("t.py", nnodes=1, node_rank=0, nproc_per_node=1, master_addr="h",
+                              master_port=1)
+    assert cmd[0] == sys.executable
