@@ -122,7 +122,8 @@ def _redirect_output(stdout_path: str, stderr_path: str) -> None:
     sys.stdin = open(os.devnull)
 
 
-def _child_main(fn, rank, world_size, args, backend, init_pg, port, timeout, paths, conn, forked):
+def _child_main(fn, rank, world_size, args, backend, init_pg, port, control_port, timeout, paths,
+                conn, forked):
     """Body of every rank.
 
     Sends ``("returned",)`` when ``fn`` has returned, then ``("ok", pickled result)`` or
@@ -151,7 +152,6 @@ def _child_main(fn, rank, world_size, args, backend, init_pg, port, timeout, pat
     import torch.distributed as dist
 
     message: tuple
-    store = None
     try:
         if init_pg:
             if backend == "nccl":
@@ -164,8 +164,9 @@ def _child_main(fn, rank, world_size, args, backend, init_pg, port, timeout, pat
                                     timeout=datetime.timedelta(seconds=timeout))
         result = fn(rank, world_size, *args)
         conn.send(("returned",))
-        if store is not None:
-            _closing_barrier(store, rank, world_size)
+        control = dist.TCPStore("127.0.0.1", control_port, is_master=False,
+                                timeout=datetime.timedelta(seconds=timeout))
+        _closing_barrier(control, rank, world_size)
         try:
             message = ("ok", pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception as e:  # noqa: BLE001
@@ -199,9 +200,11 @@ def _closing_barrier(store, rank: int, world_size: int) -> None:
     """Wait until every rank has returned from ``fn`` before anyone tears down its sockets.
 
     Without it, a rank that finishes a collective early could close connections a peer is still
-    reading from ("Connection closed by peer"). It goes through the store, not ``dist.barrier()``,
-    so it can never pair up with a barrier that ``fn`` called on only some ranks. Rank 0 hosts the
-    store, so it leaves last.
+    reading from ("Connection closed by peer"), and rank 0 — which hosts the process group's store,
+    whether ``launch`` or ``fn`` created the group — could leave while a peer still needs it. It
+    goes through the parent's control store, not ``dist.barrier()``, so it can never pair up with a
+    barrier that ``fn`` called on only some ranks, and it works when ``fn`` manages (or already
+    destroyed) its own group. Rank 0 leaves last.
     """
     store.set(f"gpucourse/returned/{rank}", "1")
     store.wait([f"gpucourse/returned/{r}" for r in range(world_size)])
@@ -396,6 +399,10 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
         _warm_parent()
     ctx = mp.get_context(method)
     port = free_port()
+    # the parent hosts a small key-value store of its own for the closing barrier (see
+    # _closing_barrier); the process group's store is rank 0's, as under torchrun
+    control = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                            timeout=datetime.timedelta(seconds=timeout))
     procs: list[mp.process.BaseProcess] = []
     conns = []
     with tempfile.TemporaryDirectory(prefix="gpucourse-launch-") as tmp:
@@ -412,7 +419,7 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
                     p = ctx.Process(
                         target=_child_main, name=f"gpucourse-rank{rank}", daemon=False,
                         args=(fn, rank, nprocs, tuple(args), backend, init_process_group, port,
-                              float(timeout), (outs[rank], errs[rank], stacks[rank]), send,
+                              control.port, float(timeout), (outs[rank], errs[rank], stacks[rank]), send,
                               method == "fork"),
                     )
                     p.start()
@@ -442,6 +449,7 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
         out_text = [_read(p, limit) for p, limit in zip(outs, limits[:nprocs])]
         err_text = [_read(p, limit) for p, limit in zip(errs, limits[nprocs:])]
         stack_text = [_read(p) for p in stacks]
+    del control
     _print_grouped(out_text, err_text)
     if failure is None:
         return results

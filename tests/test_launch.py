@@ -296,3 +296,15 @@ def test_nccl_all_reduce_on_gpus():
 
     out = gc.launch(fn, 2, backend="nccl")
     assert out == [([1.0] * 4, 0), ([1.0] * 4, 1)]
+
+
+def test_fn_that_manages_its_own_group_can_leave_at_once():
+    # Without launch's closing barrier, rank 0 (host of the env:// store) could exit while a slower
+    # peer is still connecting: "Connection closed by peer" in some runs.
+    def fn(rank, world_size):
+        dist.init_process_group("gloo")
+        dist.destroy_process_group()
+        return rank
+
+    for _ in range(5):
+        assert gc.launch(fn, 3, init_process_group=False, timeout=30) == [0, 1, 2]
