@@ -23,6 +23,7 @@ from .timing import Timing, format_comparison, measure, speedup
 # --- chapters 02-03: DataParallel, BalancedDataParallel ------------------------------------
 
 # --- chapter 04: DistributedDataParallel ----------------------------------------------------
+from .collectives import naive_all_reduce, ring_all_reduce, ring_schedule
 from .samplers import DistributedSampler
 
 # --- chapter 05: multi-node initialisation ---------------------------------------------------
