@@ -23,7 +23,9 @@ from .timing import Timing, format_comparison, measure, speedup
 # --- chapters 02-03: DataParallel, BalancedDataParallel ------------------------------------
 
 # --- chapter 04: DistributedDataParallel ----------------------------------------------------
+from .checkpoint import load_checkpoint, save_checkpoint
 from .collectives import naive_all_reduce, ring_all_reduce, ring_schedule
+from .ddp import MiniDDP, average_gradients
 from .samplers import DistributedSampler
 
 # --- chapter 05: multi-node initialisation ---------------------------------------------------
