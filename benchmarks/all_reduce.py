@@ -9,45 +9,10 @@ slowest rank's. Throughput ratio = gloo's median time / ours.
 """
 
 import argparse
-import time
-
-import torch
-import torch.distributed as dist
 
 import gpucourse as gc
 
 TARGET = 0.8
-
-
-def _time(fn, x):
-    y = x.clone()
-    dist.barrier()
-    start = time.perf_counter()
-    fn(y)
-    elapsed = torch.tensor([time.perf_counter() - start])
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)          # the slowest rank decides
-    return elapsed.item()
-
-
-def _bench(rank, world_size, numel, rounds, segment_bytes, with_naive):
-    torch.manual_seed(rank)
-    x = torch.randn(numel)
-    impls = {"gloo dist.all_reduce": dist.all_reduce,
-             "gc.ring_all_reduce": lambda t: gc.ring_all_reduce(t, segment_bytes=segment_bytes)}
-    if with_naive:
-        impls["gc.naive_all_reduce"] = gc.naive_all_reduce
-    ref = x.clone()
-    dist.all_reduce(ref)
-    for fn in impls.values():                                # warm-up, and check the result
-        y = x.clone()
-        fn(y)
-        torch.testing.assert_close(y, ref)
-    times = {name: [] for name in impls}
-    names = list(impls)
-    for r in range(rounds):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            times[name].append(_time(impls[name], x))
-    return times
 
 
 def main(argv=None):
@@ -59,11 +24,12 @@ def main(argv=None):
     p.add_argument("--no-naive", action="store_true")
     args = p.parse_args(argv)
     mb = args.numel * 4 / 2**20
+    impls = ("gloo", "ring") if args.no_naive else ("gloo", "ring", "naive")
     all_met = True
     for world_size in args.ranks:
-        times = gc.launch(_bench, world_size, timeout=600,
-                          args=(args.numel, args.rounds, args.segment_bytes, not args.no_naive))[0]
-        timings = [gc.Timing(name, t) for name, t in times.items()]
+        timings = list(gc.all_reduce_timings(world_size, args.numel, rounds=args.rounds,
+                                             implementations=impls,
+                                             segment_bytes=args.segment_bytes, timeout=600).values())
         print(f"\n== {world_size} ranks, {args.numel:,} float32 ({mb:.0f} MB) per rank, "
               f"segments of {args.segment_bytes:,} bytes, median of {args.rounds}")
         print(gc.format_comparison(*timings))

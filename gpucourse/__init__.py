@@ -24,9 +24,10 @@ from .timing import Timing, format_comparison, measure, speedup
 
 # --- chapter 04: DistributedDataParallel ----------------------------------------------------
 from .checkpoint import load_checkpoint, save_checkpoint
-from .collectives import naive_all_reduce, ring_all_reduce, ring_schedule
-from .ddp import MiniDDP, average_gradients
+from .collectives import all_reduce_timings, naive_all_reduce, ring_all_reduce, ring_schedule
+from .ddp import MiniDDP, StepTrace, average_gradients, plot_step_trace
 from .samplers import DistributedSampler
+from .sync_batchnorm import sync_batch_stats
 
 # --- chapter 05: multi-node initialisation ---------------------------------------------------
 

@@ -226,3 +226,19 @@ def test_no_sync_communicates_nothing_and_the_next_backward_once(bucket_cap_mb):
         assert silent == 0
         assert synced == (6 if bucket_cap_mb is None else nbuckets)   # 3 Linear = 6 tensors
         assert bucket_cap_mb != 0.001 or nbuckets > 1
+
+
+def test_plot_step_trace_draws_real_traces():
+    import matplotlib
+    matplotlib.use("Agg")
+    traces = gc.launch(_plot_worker, 2, timeout=60)[0]
+    ax = gc.plot_step_trace(traces[-1], title="t")
+    assert len(ax.collections) == 1 + len(traces[-1].comms)      # backward + one bar per bucket
+    with pytest.raises(ValueError, match="complete StepTrace"):
+        gc.plot_step_trace(gc.StepTrace())
+
+
+def _plot_worker(rank, world_size):
+    model = gc.MiniDDP(gc.MLP(32, 64, 8), bucket_cap_mb=0.005, trace=True)
+    model(torch.randn(4, 32)).sum().backward()
+    return model.traces
