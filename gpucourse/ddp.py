@@ -350,11 +350,18 @@ class MiniDDP(nn.Module):
                 f"buckets={len(self._buckets)}")
 
 
-def plot_step_trace(trace: StepTrace, ax=None, title: str | None = None):
-    """Draw one traced backward pass: the compute lane above, each all-reduce below it.
+def _human_bytes(n: int) -> str:
+    if n >= 2**20:
+        return f"{n / 2**20:.1f} MB"
+    return f"{n / 2**10:.0f} KB" if n >= 2**10 else f"{n} B"
 
-    Times are in milliseconds from the start of backward. Communication bars that lie under the
-    compute bar ran *while* gradients were still being computed — the overlap that buckets buy.
+
+def plot_step_trace(trace: StepTrace, ax=None, title: str | None = None):
+    """Draw one traced backward pass: the compute on top, each all-reduce in flight on a row below.
+
+    Times are in milliseconds from the start of backward. An all-reduce bar spans from its launch
+    to its completion; bars that lie under the backward bar were in flight *while* gradients were
+    still being computed — the overlap that buckets buy.
 
     Args:
         trace: a :class:`StepTrace` from ``MiniDDP(..., trace=True).traces``.
@@ -372,7 +379,7 @@ def plot_step_trace(trace: StepTrace, ax=None, title: str | None = None):
         ...               comms=[("bucket 0", 4096, 0.004, 0.006), ("bucket 1", 4096, 0.010, 0.012)])
         >>> ax = plot_step_trace(t, title="two buckets")
         >>> [label.get_text() for label in ax.get_yticklabels()]
-        ['all-reduce', 'backward']
+        ['bucket 1, 4 KB', 'bucket 0, 4 KB', 'backward']
 
     .. warning::
         On a CPU the "communication" is gloo's threads copying through loopback sockets and
@@ -383,20 +390,23 @@ def plot_step_trace(trace: StepTrace, ax=None, title: str | None = None):
 
     if not isinstance(trace, StepTrace) or trace.backward_start is None or trace.synced is None:
         raise ValueError("trace must be a complete StepTrace (from MiniDDP(..., trace=True).traces)")
+    rows = len(trace.comms) + 1
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 1.8))
+        _, ax = plt.subplots(figsize=(8, 0.9 + 0.3 * rows))
     t0 = trace.backward_start
 
     def ms(t):
         return (t - t0) * 1e3
 
-    ax.broken_barh([(0, ms(trace.backward_end))], (1, 0.8), color="tab:blue")
+    ax.broken_barh([(0, ms(trace.backward_end))], (rows - 1, 0.8), color="tab:blue")
+    labels = ["backward"]
     for i, (label, nbytes, launched, finished) in enumerate(trace.comms):
         end = finished if finished is not None else trace.synced
-        ax.broken_barh([(ms(launched), max(ms(end) - ms(launched), 1e-3))], (0, 0.8),
-                       color=("tab:orange", "tab:red")[i % 2], alpha=0.85)
+        ax.broken_barh([(ms(launched), max(ms(end) - ms(launched), 1e-3))], (rows - 2 - i, 0.8),
+                       color=("tab:orange", "tab:red")[i % 2])
+        labels.append(f"{label}, {_human_bytes(nbytes)}")
     ax.axvline(ms(trace.synced), color="k", linestyle="--", linewidth=1)
-    ax.set_yticks([0.4, 1.4], ["all-reduce", "backward"])
+    ax.set_yticks([r + 0.4 for r in range(rows)], labels[::-1])
     ax.set_xlabel("ms since backward started (dashed: gradients ready for optimizer.step)")
     if title:
         ax.set_title(title)

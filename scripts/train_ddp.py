@@ -70,6 +70,7 @@ def parse_args(argv=None):
                    help="seconds of training after which every rank stops at the same step")
     p.add_argument("--log-json", default=None, help="rank 0 writes losses and results here")
     p.add_argument("--no-augment", action="store_true", help="skip RandomCrop/RandomHorizontalFlip")
+    p.add_argument("--quiet", action="store_true", help="print only rank 0's final summary")
     args = p.parse_args(argv)
     for name in ("epochs", "batch_size", "size"):
         if getattr(args, name) < 1:
@@ -119,7 +120,7 @@ def make_loaders(args, rank, world_size):
     train_tf = transforms.Compose([*augment, transforms.ToTensor(), normalize])
     test_tf = transforms.Compose([transforms.ToTensor(), normalize])
     train_set = gc.cifar10_or_synthetic(args.data, train=True, transform=train_tf, size=args.size,
-                                        seed=args.seed, verbose=(rank == 0))
+                                        seed=args.seed, verbose=(rank == 0 and not args.quiet))
     test_set = gc.cifar10_or_synthetic(args.data, train=False, transform=test_tf,
                                        size=max(args.size // 5, 1), seed=args.seed, verbose=False)
     # every rank sees a different 1/world_size of the data; the sampler shuffles (not the loader)
@@ -161,12 +162,11 @@ def main(argv=None) -> dict:
     faulthandler.dump_traceback_later(args.time_limit + 120, exit=True)
     rank, local_rank, world_size, device = setup_distributed(args.backend, args.time_limit + 60)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if rank == 0:
-        print(f"world_size={world_size} backend={dist.get_backend()} device={device} "
-              f"global batch={args.batch_size} x {world_size} = {args.batch_size * world_size}",
-              flush=True)
-    gc.print_ordered(f"rank {rank} (local_rank {local_rank}) on host {socket.gethostname()} "
-                     f"uses {device}")
+    say = (lambda *a: None) if args.quiet else gc.print0
+    say(f"world_size={world_size} backend={dist.get_backend()} device={device} "
+        f"global batch={args.batch_size} x {world_size} = {args.batch_size * world_size}")
+    if not args.quiet:
+        gc.print_ordered(f"local_rank {local_rank} on host {socket.gethostname()}, device {device}")
 
     torch.manual_seed(args.seed)
     model = gc.Net().to(device)  # move to the device *before* wrapping
@@ -179,7 +179,7 @@ def main(argv=None) -> dict:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
-        gc.print0(f"resumed from {args.checkpoint} at epoch {start_epoch}")
+        say(f"resumed from {args.checkpoint} at epoch {start_epoch}")
 
     sampler, train_loader, test_loader = make_loaders(args, rank, world_size)
     losses: list[float] = []
@@ -187,29 +187,32 @@ def main(argv=None) -> dict:
     stopped_early = False
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch (without it: the same order every epoch)
+        epoch_losses = []
         for step, (images, labels) in enumerate(train_loader):
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             loss = F.cross_entropy(ddp_model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP all-reduces (averages) the gradients here, bucket by bucket
             optimizer.step()
-            # the mean loss over all ranks, for the log (a collective: every rank calls it)
-            mean_loss = loss.detach().clone()
-            dist.all_reduce(mean_loss)
-            losses.append(mean_loss.item() / world_size)
-            # all ranks must stop at the same step: rank 0's clock decides, broadcast to everyone
-            stop = torch.tensor([float(time.monotonic() - started > args.time_limit)], device=device)
-            dist.broadcast(stop, src=0)
-            if stop.item():
-                stopped_early = True
-                break
-        gc.print0(f"epoch {epoch + 1}/{args.epochs}: mean loss of the last 20 steps "
+            epoch_losses.append(loss.detach())
+            # every rank must stop at the same step: every 10 steps rank 0's clock decides for all
+            if step % 10 == 9:
+                stop = torch.tensor([float(time.monotonic() - started > args.time_limit)], device=device)
+                dist.broadcast(stop, src=0)
+                if stop.item():
+                    stopped_early = True
+                    break
+        # the loss of every step, averaged over the ranks: one collective per epoch, not per step
+        epoch_mean = torch.stack(epoch_losses)
+        dist.all_reduce(epoch_mean)
+        losses += (epoch_mean / world_size).tolist()
+        say(f"epoch {epoch + 1}/{args.epochs}: mean loss of the last 20 steps "
                   f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")
         if args.checkpoint:
             save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                              "epoch": epoch}, args.checkpoint, rank)
         if stopped_early:
-            gc.print0(f"time limit of {args.time_limit:g} s reached: stopping")
+            say(f"time limit of {args.time_limit:g} s reached: stopping")
             break
 
     result = {"world_size": world_size, "steps": len(losses), "losses": losses,
@@ -225,6 +228,18 @@ def main(argv=None) -> dict:
     dist.destroy_process_group()
     faulthandler.cancel_dump_traceback_later()
     return result
+
+
+def spawn_entry(gpu, nodes, gpus, nr, master_addr, master_port, argv=None):
+    """The seed article's launch: ``mp.spawn(spawn_entry, args=(...), nprocs=gpus)`` on every node.
+
+    ``torch.multiprocessing.spawn`` calls it with the process index ``gpu`` first; the rest is what
+    torchrun would compute: ``rank = nr * gpus + gpu`` (node rank × processes per node + local
+    rank) and ``world_size = nodes * gpus`` — the number of *processes*, not of machines.
+    """
+    os.environ.update(RANK=str(nr * gpus + gpu), LOCAL_RANK=str(gpu), WORLD_SIZE=str(nodes * gpus),
+                      MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    return main(argv)
 
 
 if __name__ == "__main__":

