@@ -57,7 +57,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="per process (global = this × WORLD_SIZE)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate for the global batch")
+    p.add_argument("--lr", type=float, default=0.02,
+                   help="SGD learning rate (scale it with the global batch: linear scaling rule)")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--size", type=int, default=5000, help="SyntheticCIFAR10 training images")
     p.add_argument("--data", default="data", help="folder holding real CIFAR-10 (optional)")
