@@ -110,7 +110,7 @@ class StepTrace:
 
 
 class MiniDDP(nn.Module):
-    """Data-parallel wrapper in ~150 lines: the parameters after N steps equal those of PyTorch's DDP.
+    """A data-parallel wrapper small enough to read: its parameters after N steps equal PyTorch DDP's.
 
     Args:
         module: the model, already on this process's device (move it *before* wrapping).
@@ -178,10 +178,10 @@ class MiniDDP(nn.Module):
                 dist.broadcast(tensor, src=self._root, group=process_group)
         # 2) + 3) buckets and hooks
         self._buckets = self._make_buckets() if bucket_cap_mb is not None else []
-        self._where = {}                                # param -> (bucket index, position)
+        self._where = {}                                # id(param) -> (bucket index, position)
         for b, bucket in enumerate(self._buckets):
             for i, p in enumerate(bucket.params):
-                self._where[p] = (b, i)
+                self._where[id(p)] = (b, i)
         self._next_bucket = 0                           # buckets are launched in this order
         self._ready: set[int] = set()                   # ids of params whose gradient is ready
         self._sync_buffers_next = True
@@ -278,7 +278,7 @@ class MiniDDP(nn.Module):
                 self._step.comms.append(("1 param", param.grad.numel() * param.grad.element_size(),
                                          start, time.perf_counter()))
             return
-        b, i = self._where[param]
+        b, i = self._where[id(param)]
         bucket = self._buckets[b]
         n = param.numel()
         # divide first (as DDP does): the sum of averages cannot overflow where the sum could
@@ -296,8 +296,8 @@ class MiniDDP(nn.Module):
         bucket = self._buckets[b]
         bucket.work = dist.all_reduce(bucket.buffer, group=self.process_group, async_op=True)
         if self._step is not None:
-            entry = [f"bucket {b}", bucket.buffer.numel() * bucket.buffer.element_size(),
-                     time.perf_counter(), None]
+            entry = (f"bucket {b}", bucket.buffer.numel() * bucket.buffer.element_size(),
+                     time.perf_counter(), None)
             self._step.comms.append(entry)              # finished time filled in by the future
             index = len(self._step.comms) - 1
             step = self._step

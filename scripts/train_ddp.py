@@ -189,7 +189,7 @@ def main(argv=None) -> dict:
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch (without it: the same order every epoch)
         epoch_losses = []
-        for step, (images, labels) in enumerate(train_loader):
+        for images, labels in train_loader:
             images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
             loss = F.cross_entropy(ddp_model(images), labels)
             optimizer.zero_grad(set_to_none=True)
@@ -197,7 +197,7 @@ def main(argv=None) -> dict:
             optimizer.step()
             epoch_losses.append(loss.detach())
             # every rank must stop at the same step: every 10 steps rank 0's clock decides for all
-            if step % 10 == 9:
+            if (len(losses) + len(epoch_losses)) % 10 == 0:
                 stop = torch.tensor([float(time.monotonic() - started > args.time_limit)], device=device)
                 dist.broadcast(stop, src=0)
                 if stop.item():

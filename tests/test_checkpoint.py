@@ -106,4 +106,4 @@ def _save_only_on_rank0(rank, world_size, path):
 
 def test_saving_inside_if_rank_0_hangs_until_the_timeout(tmp_path):
     with pytest.raises(TimeoutError, match="barrier"):
-        gc.launch(_save_only_on_rank0, 2, args=(str(tmp_path / "c.pt"),), timeout=5)
+        gc.launch(_save_only_on_rank0, 2, args=(str(tmp_path / "c.pt"),), timeout=3)

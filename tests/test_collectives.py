@@ -141,14 +141,14 @@ def _only_rank0_calls(rank, world_size):
 
 def test_collective_mismatch_times_out_instead_of_hanging():
     with pytest.raises(TimeoutError, match=r"rank\(s\) \[0\]"):
-        gc.launch(_only_rank0_calls, 2, timeout=5)
+        gc.launch(_only_rank0_calls, 2, timeout=3)
 
 
 def test_all_reduce_timings_returns_checked_timings():
-    t = gc.all_reduce_timings(2, 5000, rounds=3)
+    t = gc.all_reduce_timings(2, 1000, rounds=2)
     assert list(t) == ["gloo", "ring", "naive"]
     assert [x.name for x in t.values()] == ["dist.all_reduce", "gc.ring_all_reduce",
                                             "gc.naive_all_reduce"]
-    assert all(len(x.times) == 3 and x.median > 0 for x in t.values())
+    assert all(len(x.times) == 2 and x.median > 0 for x in t.values())
     with pytest.raises(ValueError, match="subset"):
         gc.all_reduce_timings(2, implementations=("nccl",))
