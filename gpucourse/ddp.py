@@ -101,6 +101,21 @@ class StepTrace:
         backward_end: when autograd finished (the end-of-backward callback ran).
         comms: per all-reduce, ``(label, bytes, launched, finished)``.
         synced: when the gradients were ready for ``optimizer.step()``.
+
+    Example::
+
+        >>> import torch, gpucourse as gc
+        >>> def traced(rank, world_size):
+        ...     model = gc.MiniDDP(gc.MLP(8, 16, 2), bucket_cap_mb=25, trace=True)
+        ...     model(torch.randn(4, 8)).sum().backward()
+        ...     t = model.traces[-1]
+        ...     return [label for label, *_ in t.comms], t.backward_start <= t.backward_end <= t.synced
+        >>> gc.launch(traced, 2)[0]
+        (['bucket 0'], True)
+
+    .. warning::
+        ``perf_counter`` values are per process: compare times within one rank's trace, not
+        across ranks.
     """
 
     backward_start: float | None = None

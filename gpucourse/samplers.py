@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Iterator, Sized
+from collections.abc import Iterator, Sized
 
 import torch
 import torch.distributed as dist
