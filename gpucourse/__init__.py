@@ -32,6 +32,11 @@ from .workloads import python_work, torch_work
 # --- chapters 02-03: DataParallel, BalancedDataParallel ------------------------------------
 
 # --- chapter 04: DistributedDataParallel ----------------------------------------------------
+from .checkpoint import load_checkpoint, save_checkpoint
+from .collectives import all_reduce_timings, naive_all_reduce, ring_all_reduce, ring_schedule
+from .ddp import MiniDDP, StepTrace, average_gradients, plot_step_trace
+from .samplers import DistributedSampler
+from .sync_batchnorm import sync_batch_stats
 
 # --- chapter 05: multi-node initialisation ---------------------------------------------------
 from .cost_model import (LINKS, AlphaBeta, StepPrediction, fit_alpha_beta, measure_all_reduce,

@@ -1,0 +1,334 @@
+"""All-reduce built from point-to-point messages: the naive way, and the ring that NCCL and gloo use.
+
+Data-parallel training ends every backward pass with an **all-reduce** of the gradients: each rank
+holds a tensor, and afterwards every rank holds the element-wise sum. Two ways to build it from
+``send``/``recv`` alone:
+
+* :func:`naive_all_reduce` — everybody sends to rank 0, rank 0 adds and sends the sum back. Rank 0's
+  link carries ``2 (p - 1) N`` values while all other links idle: its time grows with ``p``.
+* :func:`ring_all_reduce` — the ranks form a ring ``0 → 1 → … → p-1 → 0`` and the tensor is cut
+  into ``p`` chunks.
+
+  1) **reduce-scatter**, ``p - 1`` steps: each rank sends one chunk to its right neighbour and adds
+     the chunk arriving from its left one. Afterwards rank ``r`` holds the full sum of chunk
+     ``(r + 1) % p``.
+  2) **all-gather**, ``p - 1`` steps: the finished chunks travel once around the ring, each rank
+     overwriting its copy.
+
+  Every rank sends ``2 (p - 1) / p · N`` values — *independent of p* — and all links are busy at
+  once: that is why the ring scales.
+
+Pipelining: each chunk is cut further into segments. A segment is forwarded as soon as it has
+been reduced, so the network carries segment ``k + 1`` while the CPU (or GPU) adds segment ``k``,
+instead of send, wait, add, send, wait, add.
+
+:func:`ring_schedule` lists which chunk every rank sends and receives at each step; both the
+implementation and the lesson's diagrams use it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["ring_schedule", "ring_all_reduce", "naive_all_reduce", "all_reduce_timings"]
+
+#: default segment size for pipelining the ring (bytes); a chunk is sent in pieces of this size
+DEFAULT_SEGMENT_BYTES = 1 << 20
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def ring_schedule(rank: int, world_size: int) -> list[tuple[str, int, int, int]]:
+    """The ring all-reduce's plan for one rank: ``(phase, step, chunk sent, chunk received)``.
+
+    Rank ``r`` always sends to ``(r + 1) % world_size`` and receives from ``(r - 1) % world_size``.
+    In the reduce-scatter the received chunk is *added* to the local copy; in the all-gather it
+    *replaces* it.
+
+    Args:
+        rank: the rank whose plan to list, in ``[0, world_size - 1]``.
+        world_size: number of ranks in the ring (``>= 1``; one rank has nothing to do).
+
+    Example::
+
+        >>> for step in ring_schedule(0, 3):
+        ...     print(step)
+        ('reduce-scatter', 0, 0, 2)
+        ('reduce-scatter', 1, 2, 1)
+        ('all-gather', 0, 1, 0)
+        ('all-gather', 1, 0, 2)
+
+    After its reduce-scatter, rank 0 owns the finished sum of chunk 1 — the first chunk it sends
+    in the all-gather.
+
+    .. warning::
+        Every rank must follow its own plan in lock-step order: a rank that sends chunk ``i``
+        while its neighbour expects chunk ``j`` adds the wrong numbers silently (same sizes) or
+        waits forever (different sizes).
+    """
+    _check_int("world_size", world_size, 1)
+    _check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
+    p = world_size
+    plan = [("reduce-scatter", s, (rank - s) % p, (rank - s - 1) % p) for s in range(p - 1)]
+    plan += [("all-gather", s, (rank + 1 - s) % p, (rank - s) % p) for s in range(p - 1)]
+    return plan
+
+
+def _check_tensor(tensor) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype == torch.bool:
+        raise TypeError("tensor has dtype torch.bool, which has no sum; convert it first "
+                        "(e.g. tensor.to(torch.int32))")
+    if tensor.is_sparse or tensor.layout != torch.strided:
+        raise TypeError(f"tensor must be a dense (strided) tensor, got layout {tensor.layout}")
+
+
+def _group_info(group):
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError("no process group: call torch.distributed.init_process_group() first "
+                           "(torchrun or gc.launch do it for you)")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise RuntimeError("this process is not a member of the given group; only its members may "
+                           "call the collective")
+    world_size = dist.get_world_size(group)
+
+    def global_rank(group_rank: int) -> int:
+        return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+    return rank, world_size, global_rank
+
+
+def _flat_real_view(contiguous: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of a contiguous tensor; complex numbers become pairs of reals (a sum is a sum)."""
+    if contiguous.is_complex():
+        contiguous = torch.view_as_real(contiguous)
+    return contiguous.view(-1)
+
+
+def _segments(chunk: torch.Tensor, segment_elems: int) -> list[torch.Tensor]:
+    return [s for s in chunk.split(segment_elems) if s.numel() > 0]
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None, *,
+                    segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks of ``group``, in place, with a pipelined ring of send/recv.
+
+    Same result as ``dist.all_reduce(tensor)`` (up to floating-point rounding order), built only
+    from ``dist.isend``/``dist.irecv``: a reduce-scatter and an all-gather around the ring, see
+    :func:`ring_schedule`. Every rank must call it with a tensor of the same shape and dtype.
+
+    Args:
+        tensor: any shape (also 0-d, empty, non-contiguous), any numeric dtype (not bool); it is
+            overwritten with the sum and returned.
+        group: the process group (default: the default group). Ranks are the group's ranks.
+        segment_bytes: chunks are sent in segments of this many bytes, so that sending one segment
+            overlaps with adding the previous one. ``segment_bytes >= chunk size`` turns the
+            pipelining off (a plain ring).
+
+    Returns:
+        ``tensor``, now holding the sum over the group.
+
+    Example::
+
+        >>> import torch, gpucourse as gc
+        >>> def demo(rank, world_size):
+        ...     t = torch.arange(5.0) + 10 * rank       # rank 0: 0..4, rank 1: 10..14, rank 2: 20..24
+        ...     gc.ring_all_reduce(t)
+        ...     return t.tolist()
+        >>> gc.launch(demo, 3)[2]
+        [30.0, 33.0, 36.0, 39.0, 42.0]
+
+    .. warning::
+        Like every collective it must be called by **every** rank of the group, the same number of
+        times and in the same order. Calling it inside ``if rank == 0:`` leaves rank 0 waiting
+        for a neighbour that never sends — until the group's timeout.
+    """
+    _check_tensor(tensor)
+    _check_int("segment_bytes", segment_bytes, 1)
+    rank, p, global_rank = _group_info(group)
+    if p == 1 or tensor.numel() == 0:
+        return tensor
+    contiguous = tensor if tensor.is_contiguous() else tensor.contiguous()
+    work = _flat_real_view(contiguous)                      # (N,) a view of `contiguous`
+    right, left = global_rank((rank + 1) % p), global_rank((rank - 1) % p)
+    seg_elems = max(1, segment_bytes // work.element_size())
+    chunks = work.tensor_split(p)                            # p chunks, sizes differ by at most 1
+    segs = [_segments(c, seg_elems) for c in chunks]         # segs[i]: the pieces of chunk i
+    per_step = max(len(s) for s in segs)
+    plan = ring_schedule(rank, p)
+    steps = len(plan)                                        # 2 (p - 1)
+
+    def tag(step: int, k: int) -> int:                      # one message id per (step, segment)
+        return step * per_step + k
+
+    # reduce-scatter receive buffers: two sets (step s uses set s % 2), sized for the largest chunk
+    # (chunk 0: tensor_split puts the extra elements first)
+    bufs = [[torch.empty_like(s) for s in segs[0]] for _ in range(2)]
+
+    def post_receives(step: int) -> list:
+        recv_chunk = plan[step][3]
+        if step < p - 1:    # reduce-scatter: into a buffer, added afterwards
+            targets = [bufs[step % 2][k][: s.numel()] for k, s in enumerate(segs[recv_chunk])]
+        else:               # all-gather: straight into place
+            targets = segs[recv_chunk]
+        return [dist.irecv(t, left, group=group, tag=tag(step, k)) for k, t in enumerate(targets)]
+
+    sends = [dist.isend(s, right, group=group, tag=tag(0, k)) for k, s in enumerate(segs[plan[0][2]])]
+    pending = post_receives(0)
+    for step in range(steps):
+        arriving = pending
+        if step + 1 < steps:
+            pending = post_receives(step + 1)   # look ahead: the next step's messages may come early
+        for k, segment in enumerate(segs[plan[step][3]]):
+            arriving[k].wait()
+            if step < p - 1:
+                segment.add_(bufs[step % 2][k][: segment.numel()])
+            # the chunk received at this step is the one sent at the next: forward this piece now,
+            # while the following pieces are still arriving (the pipelining)
+            if step + 1 < steps:
+                sends.append(dist.isend(segment, right, group=group, tag=tag(step + 1, k)))
+    for w in sends:
+        w.wait()
+    if contiguous is not tensor:
+        tensor.copy_(contiguous)
+    return tensor
+
+
+def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum ``tensor`` over the group, in place, the naive way: all to rank 0, the sum back to all.
+
+    The baseline the ring is measured against. Rank 0 receives ``p - 1`` tensors, adds them in
+    rank order, and sends the result to each of the ``p - 1`` others: its link carries
+    ``2 (p - 1) N`` values, the others' only ``2 N``.
+
+    Args:
+        tensor: any shape and numeric dtype (not bool); overwritten with the sum and returned.
+        group: the process group (default: the default group); its rank 0 does the adding.
+
+    Returns:
+        ``tensor``, now holding the sum over the group.
+
+    Example::
+
+        >>> import torch, gpucourse as gc
+        >>> def demo(rank, world_size):
+        ...     return gc.naive_all_reduce(torch.tensor([rank + 1.0])).item()
+        >>> gc.launch(demo, 3)
+        [6.0, 6.0, 6.0]
+
+    .. warning::
+        Its cost grows linearly with the number of ranks (rank 0 is the bottleneck) — fine for
+        a lesson, never for gradients. ``dist.all_reduce`` and :func:`ring_all_reduce` keep every
+        link equally busy.
+    """
+    _check_tensor(tensor)
+    rank, p, global_rank = _group_info(group)
+    if p == 1 or tensor.numel() == 0:
+        return tensor
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    root = global_rank(0)
+    if rank == 0:
+        incoming = [torch.empty_like(work) for _ in range(p - 1)]
+        recvs = [dist.irecv(buf, global_rank(r), group=group) for r, buf in enumerate(incoming, 1)]
+        for w, buf in zip(recvs, incoming):      # add in rank order: the same result every run
+            w.wait()
+            work.add_(buf)
+        for w in [dist.isend(work, global_rank(r), group=group) for r in range(1, p)]:
+            w.wait()
+    else:
+        dist.send(work, root, group=group)
+        dist.recv(work, root, group=group)
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
+# --- measuring them ---------------------------------------------------------------------------
+
+_IMPLEMENTATIONS = ("gloo", "ring", "naive")
+_LABELS = {"gloo": "dist.all_reduce", "ring": "gc.ring_all_reduce", "naive": "gc.naive_all_reduce"}
+
+
+def _timed(fn, x) -> float:
+    y = x.clone()
+    dist.barrier()
+    start = time.perf_counter()
+    fn(y)
+    elapsed = torch.tensor([time.perf_counter() - start])
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)          # the slowest rank decides
+    return elapsed.item()
+
+
+def _timing_worker(rank, world_size, numel, rounds, segment_bytes, names):
+    impls = {"gloo": dist.all_reduce,
+             "ring": lambda t: ring_all_reduce(t, segment_bytes=segment_bytes),
+             "naive": naive_all_reduce}
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    ref = x.clone()
+    dist.all_reduce(ref)
+    for name in names:                                       # warm-up, and check the result
+        y = x.clone()
+        impls[name](y)
+        torch.testing.assert_close(y, ref)
+    times = {name: [] for name in names}
+    for r in range(rounds):                                  # rotate who goes first each round
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            times[name].append(_timed(impls[name], x))
+    return times
+
+
+def all_reduce_timings(world_size: int, numel: int = 1 << 20, *, rounds: int = 10,
+                       implementations=_IMPLEMENTATIONS,
+                       segment_bytes: int = DEFAULT_SEGMENT_BYTES, timeout: float = 300.0):
+    """Time all-reduces of ``numel`` float32 per rank on ``world_size`` fresh gloo processes.
+
+    Each implementation runs once per round, in rotating order (a slow moment of the machine hits
+    all of them alike); each time is the slowest rank's, measured from a barrier. Results are
+    checked against ``dist.all_reduce`` first.
+
+    Args:
+        world_size: number of processes to start (with :func:`gpucourse.launch`).
+        numel: float32 elements per rank.
+        rounds: timed repeats of each implementation.
+        implementations: any of ``"gloo"`` (``dist.all_reduce``), ``"ring"``
+            (:func:`ring_all_reduce`), ``"naive"`` (:func:`naive_all_reduce`).
+        segment_bytes: passed to :func:`ring_all_reduce`.
+        timeout: seconds for the whole measurement.
+
+    Returns:
+        ``{implementation: gc.Timing}`` in the order given.
+
+    Example::
+
+        >>> t = all_reduce_timings(2, 1000, rounds=2, implementations=("gloo", "ring"))
+        >>> [timing.name for timing in t.values()], len(t["ring"].times)
+        (['dist.all_reduce', 'gc.ring_all_reduce'], 2)
+
+    .. warning::
+        Timings taken while other programs run are noise. Compare implementations only within
+        one call (same machine, same moment), as ratios.
+    """
+    from .launcher import launch
+    from .timing import Timing
+
+    names = list(implementations)
+    unknown = [n for n in names if n not in _IMPLEMENTATIONS]
+    if unknown or not names:
+        raise ValueError(f"implementations must be a non-empty subset of {_IMPLEMENTATIONS}, got {names}")
+    _check_int("numel", numel, 1)
+    _check_int("rounds", rounds, 1)
+    times = launch(_timing_worker, world_size, args=(numel, rounds, segment_bytes, names),
+                   timeout=timeout)[0]
+    return {name: Timing(_LABELS[name], times[name]) for name in names}

@@ -1,0 +1,109 @@
+"""Checkpoints: rank 0 saves atomically, a crash mid-write never corrupts the previous file."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import gpucourse as gc
+
+# A child process that saves v1, then dies (SIGKILL, no cleanup) in the middle of writing v2: the
+# object being pickled kills the process after torch.save has opened the file and written part
+# of it. `naive` writes straight to the path with torch.save; otherwise gc.save_checkpoint.
+CRASH_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    import gpucourse as gc
+
+    class DieWhilePickled:
+        def __reduce__(self):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    path, naive = sys.argv[1], sys.argv[2] == "naive"
+    save = torch.save if naive else gc.save_checkpoint
+    save({"version": 1, "w": torch.arange(100_000.0)}, path)
+    save({"version": 2, "w": torch.zeros(100_000), "z": DieWhilePickled()}, path)
+""")
+
+
+def _crash(tmp_path, mode):
+    path = tmp_path / "ckpt.pt"
+    proc = subprocess.run([sys.executable, "-c", CRASH_SCRIPT, str(path), mode],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    return path
+
+
+def test_killed_save_leaves_the_previous_checkpoint_intact(tmp_path):
+    path = _crash(tmp_path, "atomic")
+    state = gc.load_checkpoint(path, map_location="cpu")
+    assert state["version"] == 1
+    torch.testing.assert_close(state["w"], torch.arange(100_000.0))
+
+
+def test_the_same_crash_corrupts_a_plain_torch_save(tmp_path):
+    """The control experiment: without temp file + rename the old checkpoint is lost."""
+    path = _crash(tmp_path, "naive")
+    with pytest.raises(Exception):  # noqa: B017 - truncated zip: RuntimeError/EOFError/… by version
+        torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _save_then_load(rank, world_size, path):
+    model = torch.nn.Linear(3, 2)
+    torch.nn.init.constant_(model.weight, float(rank))          # ranks differ: rank 0's must win
+    gc.save_checkpoint({"model": model.state_dict()}, path)
+    mtime = os.stat(path).st_mtime_ns                             # exists on every rank already
+    state = gc.load_checkpoint(path)
+    return state["model"]["weight"], state["model"]["weight"].device.type, mtime
+
+
+def test_rank0_saves_every_rank_loads_after_the_barrier(tmp_path):
+    path = str(tmp_path / "sub" / "ckpt.pt")                      # folder created on demand
+    results = gc.launch(_save_then_load, 3, args=(path,), timeout=60)
+    for weight, device, _ in results:
+        assert torch.equal(weight, torch.zeros(2, 3)) and device == "cpu"
+    assert len({m for _, _, m in results}) == 1                   # one write, seen by all
+    assert os.listdir(tmp_path / "sub") == ["ckpt.pt"]           # no temporary file left behind
+
+
+def test_weights_only_refuses_arbitrary_objects(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"w": torch.ones(1), "obj": _Arbitrary()}, path)
+    with pytest.raises(Exception, match="(?i)weights.only|unsupported|global"):
+        gc.load_checkpoint(path, map_location="cpu")
+    assert isinstance(gc.load_checkpoint(path, map_location="cpu", weights_only=False)["obj"],
+                      _Arbitrary)
+
+
+class _Arbitrary:
+    pass
+
+
+def test_map_location_moves_tensors(tmp_path):
+    path = tmp_path / "m.pt"
+    gc.save_checkpoint({"w": torch.ones(2, dtype=torch.float64)}, path)
+    assert gc.load_checkpoint(path, map_location=torch.device("meta"))["w"].device.type == "meta"
+
+
+def test_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint at .*barrier"):
+        gc.load_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises(ValueError, match="is a directory"):
+        gc.save_checkpoint({}, tmp_path)
+    with pytest.raises(TypeError, match="path must be"):
+        gc.save_checkpoint({}, 3)
+
+
+def _save_only_on_rank0(rank, world_size, path):
+    if rank == 0:
+        gc.save_checkpoint({"x": 1}, path)                        # the collective mismatch trap
+
+
+def test_saving_inside_if_rank_0_hangs_until_the_timeout(tmp_path):
+    with pytest.raises(TimeoutError, match="barrier"):
+        gc.launch(_save_only_on_rank0, 2, args=(str(tmp_path / "c.pt"),), timeout=3)

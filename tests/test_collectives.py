@@ -1,0 +1,154 @@
+"""ring_all_reduce / naive_all_reduce equal dist.all_reduce; the ring schedule is a correct plan."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+import gpucourse as gc
+
+# (shape, dtype, segment_bytes): odd sizes, fewer elements than ranks, 0-d, empty, tiny segments
+CASES = [
+    ((), torch.float32, 1 << 20),
+    ((0,), torch.float32, 1 << 20),
+    ((1,), torch.float64, 1 << 20),
+    ((2,), torch.float32, 4),
+    ((7,), torch.int64, 8),
+    ((3, 5, 2), torch.float32, 12),
+    ((10_007,), torch.float32, 1 << 10),
+    ((10_007,), torch.float64, 1 << 20),
+    ((257, 3), torch.int32, 100),
+    ((33,), torch.bfloat16, 16),
+    ((6, 4), torch.complex64, 24),
+    ((100_000,), torch.float32, 1 << 20),
+]
+
+
+def _data(rank, shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    if dtype.is_complex:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-1000, 1000, shape, generator=g, dtype=dtype)
+
+
+def _all_reduce_cases(rank, world_size, seed):
+    out = []
+    for i, (shape, dtype, seg) in enumerate(CASES):
+        x = _data(rank, shape, dtype, seed + i)
+        ref = x.clone()
+        if dtype in (torch.bfloat16,):                  # reference sum in float64, rounded once
+            ref64 = ref.double()
+            dist.all_reduce(ref64)
+            ref = ref64
+        else:
+            dist.all_reduce(ref)
+        ring, naive = x.clone(), x.clone()
+        returned = gc.ring_all_reduce(ring, segment_bytes=seg)
+        gc.naive_all_reduce(naive)
+        out.append((ref, ring, naive, returned is ring))
+        # a non-contiguous tensor (a transposed view) is reduced in place too
+        if len(shape) == 2:
+            base = x.clone()
+            view = base.t()
+            gc.ring_all_reduce(view, segment_bytes=seg)
+            out.append((ref, base, base, True))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_ring_and_naive_equal_dist_all_reduce(world_size):
+    results = gc.launch(_all_reduce_cases, world_size, args=(world_size * 7,), timeout=120)
+    for rank, cases in enumerate(results):
+        for ref, ring, naive, in_place in cases:
+            assert in_place
+            assert ring.dtype == naive.dtype and ring.shape == naive.shape == ref.shape
+            if ring.dtype == torch.bfloat16:
+                tol = dict(rtol=2e-2, atol=2e-2 * world_size)
+                torch.testing.assert_close(ring.double(), ref, **tol)
+                torch.testing.assert_close(naive.double(), ref, **tol)
+            elif ring.dtype.is_floating_point or ring.dtype.is_complex:
+                torch.testing.assert_close(ring, ref, msg=lambda m: f"rank {rank}: {m}")
+                torch.testing.assert_close(naive, ref)
+            else:
+                assert torch.equal(ring, ref) and torch.equal(naive, ref), f"rank {rank}"
+        # every rank ends with the same bits (not just close values)
+        for mine, rank0 in zip(cases, results[0]):
+            assert torch.equal(mine[1], rank0[1]) and torch.equal(mine[2], rank0[2])
+
+
+def _on_subgroup(rank, world_size):
+    group = dist.new_group([1, 2, 3])            # every rank must create it, even non-members
+    t = torch.full((5,), float(rank))
+    if rank in (1, 2, 3):
+        gc.ring_all_reduce(t, group=group, segment_bytes=4)
+        u = torch.full((3,), float(rank))
+        gc.naive_all_reduce(u, group=group)
+        return t.tolist(), u.tolist()
+    return t.tolist(), None
+
+
+def test_works_on_a_subgroup():
+    res = gc.launch(_on_subgroup, 4, timeout=60)
+    assert res[0] == ([0.0] * 5, None)
+    for r in (1, 2, 3):
+        assert res[r] == ([6.0] * 5, [6.0] * 3)
+
+
+@given(world_size=st.integers(1, 12))
+def test_schedule_reduces_every_chunk_once_and_gathers_it_everywhere(world_size):
+    """Simulate the plan on symbolic data: which ranks' contributions each chunk holds."""
+    p = world_size
+    plans = [gc.ring_schedule(r, p) for r in range(p)]
+    assert all(len(plan) == 2 * (p - 1) for plan in plans)
+    held = [[{r} for _ in range(p)] for r in range(p)]        # held[rank][chunk] = contributors
+    for step in range(2 * (p - 1)):
+        sent = [(plans[r][step][2], set(held[r][plans[r][step][2]])) for r in range(p)]
+        for r in range(p):
+            phase, _, _, recv_chunk = plans[r][step]
+            chunk, payload = sent[(r - 1) % p]                    # from the left neighbour
+            assert chunk == recv_chunk, f"rank {r} step {step} expects {recv_chunk}, gets {chunk}"
+            if phase == "reduce-scatter":
+                assert not payload & held[r][chunk], "a contribution would be added twice"
+                held[r][chunk] |= payload
+            else:
+                held[r][chunk] = payload
+        if step == p - 2:                                         # after the reduce-scatter
+            for r in range(p):
+                assert held[r][(r + 1) % p] == set(range(p))
+    assert all(h == set(range(p)) for row in held for h in row)
+
+
+@pytest.mark.parametrize("call, exc, msg", [
+    (lambda: gc.ring_schedule(3, 3), ValueError, r"Invalid rank 3"),
+    (lambda: gc.ring_schedule(0, 0), ValueError, r"world_size must be >= 1"),
+    (lambda: gc.ring_all_reduce([1.0]), TypeError, r"torch.Tensor"),
+    (lambda: gc.ring_all_reduce(torch.ones(2, dtype=torch.bool)), TypeError, r"torch.bool"),
+    (lambda: gc.ring_all_reduce(torch.ones(2)), RuntimeError, r"init_process_group"),
+    (lambda: gc.naive_all_reduce(torch.ones(2)), RuntimeError, r"init_process_group"),
+])
+def test_bad_calls(call, exc, msg):
+    with pytest.raises(exc, match=msg):
+        call()
+
+
+def _only_rank0_calls(rank, world_size):
+    if rank == 0:
+        gc.ring_all_reduce(torch.ones(4))
+
+
+def test_collective_mismatch_times_out_instead_of_hanging():
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0\]"):
+        gc.launch(_only_rank0_calls, 2, timeout=3)
+
+
+def test_all_reduce_timings_returns_checked_timings():
+    t = gc.all_reduce_timings(2, 1000, rounds=2)
+    assert list(t) == ["gloo", "ring", "naive"]
+    assert [x.name for x in t.values()] == ["dist.all_reduce", "gc.ring_all_reduce",
+                                            "gc.naive_all_reduce"]
+    assert all(len(x.times) == 2 and x.median > 0 for x in t.values())
+    with pytest.raises(ValueError, match="subset"):
+        gc.all_reduce_timings(2, implementations=("nccl",))
