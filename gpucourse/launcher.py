@@ -162,6 +162,7 @@ def _child_main(fn, rank, world_size, args, backend, init_pg, port, control_port
                                   wait_for_workers=False)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=timeout))
+        conn.send(("joined",))
         result = fn(rank, world_size, *args)
         conn.send(("returned",))
         control = dist.TCPStore("127.0.0.1", control_port, is_master=False,
@@ -437,7 +438,7 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
             limits = [_size(p) for p in outs + errs]
             hung = failure[0] == "timeout"
             if hung:  # ask each hung rank for its Python stack (faulthandler), then kill
-                for r in failure[1] + failure[2]:
+                for r in failure[1] + failure[2] + failure[3]:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(procs[r].pid, signal.SIGUSR1)
                 time.sleep(0.3)
@@ -454,15 +455,19 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
     if failure is None:
         return results
     if failure[0] == "timeout":
-        _, in_fn, in_barrier = failure
+        _, in_fn, in_barrier, joining = failure
         where = "".join(f"\n--- rank {r} was here when stopped ---\n{_tidy_stack(stack_text[r])}"
                         for r in in_fn)
-        waiting = (f"; rank(s) {in_barrier} had returned from fn and were waiting for the others"
-                   if in_barrier else "")
+        states = [f"rank(s) {in_fn} of {nprocs} did not finish fn within {timeout:g} s"] if in_fn else []
+        if in_barrier:
+            states.append(f"rank(s) {in_barrier} had returned from fn and were waiting for the others")
+        if joining:
+            states.append(f"rank(s) {joining} were still joining the process group (a machine "
+                          "too busy, or a firewall blocking loopback ports)")
         raise TimeoutError(
-            f"launch(): rank(s) {in_fn} of {nprocs} did not finish fn within {timeout:g} s{waiting}. "
-            "Usual causes: a collective that only some ranks call, a wrong world_size, a rank "
-            f"waiting for a message nobody sends, an endless loop. All processes were stopped.{where}"
+            f"launch(): {'; '.join(states)}. Usual causes: a collective that only some ranks call, "
+            "a wrong world_size, a rank waiting for a message nobody sends, an endless loop. All "
+            f"processes were stopped.{where}"
         )
     _, rank, exc_type, tb, exitcode = failure
     if exc_type is None:
@@ -498,11 +503,13 @@ def _tidy_stack(text: str) -> str:
 def _collect(procs, conns, timeout):
     """Wait for every rank. Returns ``(results, None)`` or ``(partial results, failure)``.
 
-    ``failure`` is ``("timeout", ranks still in fn, ranks waiting in the closing barrier)`` or
+    ``failure`` is ``("timeout", ranks still in fn, ranks waiting in the closing barrier, ranks
+    still joining the process group)`` or
     ``("error", rank, exception type name | None, traceback, exitcode)`` for the first failed rank.
     """
     n = len(procs)
     results: list[Any] = [None] * n
+    joined = [False] * n    # set-up done (process group joined), fn started
     returned = [False] * n  # fn returned; the rank may still be in the closing barrier
     reported = [False] * n  # final message received
     deadline = time.monotonic() + timeout
@@ -512,8 +519,8 @@ def _collect(procs, conns, timeout):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             late = [r for r in range(n) if not reported[r]]
-            return results, ("timeout", [r for r in late if not returned[r]],
-                             [r for r in late if returned[r]])
+            return results, ("timeout", [r for r in late if joined[r] and not returned[r]],
+                             [r for r in late if returned[r]], [r for r in late if not joined[r]])
         waitables = [c for c, r in by_conn.items() if not reported[r]]
         waitables += [s for s, r in by_sentinel.items() if not reported[r]]
         for obj in _wait_for(waitables, timeout=remaining):
@@ -524,8 +531,8 @@ def _collect(procs, conns, timeout):
                 except EOFError:  # the pipe closed without a final message: the process died
                     procs[r].join(1)
                     return results, ("error", r, None, "", procs[r].exitcode)
-                if msg[0] == "returned":
-                    returned[r] = True
+                if msg[0] in ("joined", "returned"):
+                    (joined if msg[0] == "joined" else returned)[r] = True
                     continue
                 reported[r] = True
                 if msg[0] != "ok":

@@ -151,11 +151,11 @@ def test_hang_raises_timeout_error_naming_ranks_and_where():
 
     start = time.monotonic()
     with pytest.raises(TimeoutError) as info:
-        gc.launch(fn, 2, timeout=3)
+        gc.launch(fn, 2, timeout=8)  # generous: CI runs this next to other multi-process tests
     elapsed = time.monotonic() - start
-    assert elapsed < 12
+    assert elapsed < 25
     msg = str(info.value)
-    assert "rank(s) [0] of 2 did not finish fn within 3 s" in msg
+    assert "rank(s) [0] of 2 did not finish fn within 8 s" in msg
     assert "[1] had returned from fn" in msg
     assert "--- rank 0 was here when stopped ---" in msg and "in fn" in msg
 
