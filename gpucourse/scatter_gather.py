@@ -251,15 +251,15 @@ def replicate(module: nn.Module, devices: Sequence, *, detach: bool | None = Non
     index = {m: i for i, m in enumerate(modules)}
     copies: list[list[nn.Module]] = []
     for device in devices:
-        replicas = [m._replicate_for_data_parallel() for m in modules]
+        replicas = [_shallow_copy(m) for m in modules]
         for m, r in zip(modules, replicas):
-            r._gc_device = device
+            r.__dict__["_gc_device"] = device
             for key, child in m._modules.items():
                 r._modules[key] = None if child is None else replicas[index[child]]
             for key, p in m._parameters.items():
                 # parameters of a replica are plain attributes (replica._parameters is empty)
                 copy = None if p is None else _copy_to(p, device, detach=detach or not p.requires_grad)
-                setattr(r, key, copy)
+                r.__dict__[key] = copy          # what setattr would do, without its checks
             for key, b in m._buffers.items():
                 if b is None:
                     r._buffers[key] = None
@@ -269,6 +269,16 @@ def replicate(module: nn.Module, devices: Sequence, *, detach: bool | None = Non
                     r._buffers[key] = _copy_to(b, device, detach=True)
         copies.append(replicas[0])
     return copies
+
+
+def _shallow_copy(module: nn.Module) -> nn.Module:
+    """``module._replicate_for_data_parallel()``, without ``Module.__setattr__``'s checks (faster)."""
+    replica = module.__new__(type(module))
+    state = module.__dict__.copy()
+    state.update(_parameters={}, _buffers=state["_buffers"].copy(), _modules=state["_modules"].copy(),
+                 _is_replica=True)
+    object.__setattr__(replica, "__dict__", state)
+    return replica
 
 
 # --- 3) parallel_apply --------------------------------------------------------------------------
