@@ -23,7 +23,7 @@ from .timing import Timing, format_comparison, measure, speedup
 # --- chapters 02-03: DataParallel, BalancedDataParallel ------------------------------------
 from .data_parallel import BalancedDataParallel, DataParallel, balanced_chunk_sizes
 from .device_workers import plot_timeline, record_timeline
-from .memory import MemoryReport, MemoryTracker, dp_step_memory, plot_memory
+from .memory import MemoryReport, MemoryTracker, dp_step_memory, memory_explorer, plot_memory
 from .scatter_gather import chunk_sizes_of, gather, parallel_apply, replicate, scatter, scatter_kwargs
 
 # --- chapter 04: DistributedDataParallel ----------------------------------------------------

@@ -58,6 +58,8 @@ def as_device(device: int | str | torch.device, *, what: str = "device") -> torc
         ...
         ValueError: device 'mps:0' has type 'mps'; only 'cuda' devices and CPU virtual devices 'cpu:<i>' are supported
     """
+    if isinstance(device, torch.device) and device.index is not None and device.type in ("cpu", "cuda"):
+        return device                                   # the common case, kept cheap
     if isinstance(device, bool):
         raise TypeError(f"{what} must be an int, a str or a torch.device, got bool {device!r}")
     if isinstance(device, int):
@@ -222,8 +224,13 @@ class _Context:
                 autocast[kind] = (True, torch.get_autocast_dtype(kind))
         return cls(torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast, _hooks())
 
-    @contextlib.contextmanager
     def applied(self, device: torch.device, label: str):
+        if not (self.inference or self.autocast or self.hooks):      # the common case, kept cheap
+            return torch.set_grad_enabled(self.grad)
+        return self._applied(device, label)
+
+    @contextlib.contextmanager
+    def _applied(self, device: torch.device, label: str):
         with contextlib.ExitStack() as stack:
             if self.inference:
                 stack.enter_context(torch.inference_mode())
@@ -351,8 +358,9 @@ def plot_timeline(timeline: Timeline, ax=None, *, title: str | None = None):
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.6 + 0.5 * len({s[0] for s in timeline.spans})))
     rows = sorted({s[0] for s in timeline.spans}, key=lambda r: (r == "main thread", r))
-    labels = sorted({s[1] for s in timeline.spans})
-    colours = {lab: plt.cm.tab10(i % 10) for i, lab in enumerate(labels)}
+    labels = sorted({s[1] for s in timeline.spans}, key=lambda lab: (lab.startswith("wait"), lab))
+    work = [lab for lab in labels if not lab.startswith("wait")]
+    colours = {lab: plt.cm.tab10(work.index(lab) % 10) if lab in work else "0.85" for lab in labels}
     for row, label, start, end in timeline.spans:
         y = rows.index(row)
         ax.barh(y, (end - start) * 1e3, left=start * 1e3, color=colours[label], edgecolor="black",
@@ -361,7 +369,7 @@ def plot_timeline(timeline: Timeline, ax=None, *, title: str | None = None):
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[lab]) for lab in labels]
-    ax.legend(handles, labels, loc="upper right", fontsize="small")
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     if title:
         ax.set_title(title)
     return ax
