@@ -22,6 +22,7 @@ the Python glue between ops does not, which is why tiny models gain nothing (cha
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,7 +36,7 @@ __all__ = ["as_device", "as_devices", "current_device_index", "device_context", 
 
 _local = threading.local()          # .device_index, .hooks, .worker_of (per thread)
 _pool_lock = threading.Lock()
-_workers: dict[str, ThreadPoolExecutor] = {}     # "cpu:1" -> its single worker thread
+_workers: dict = {}       # "cpu:1" -> its single-thread pool; "pid" -> the process that owns them
 
 
 # --- device names ------------------------------------------------------------------------------
@@ -199,6 +200,9 @@ def _init_worker(device: torch.device) -> None:
 def _worker(device: torch.device) -> ThreadPoolExecutor:
     key = str(device)
     with _pool_lock:
+        if _workers.get("pid") != os.getpid():   # a forked child has none of the parent's threads
+            _workers.clear()
+            _workers["pid"] = os.getpid()
         pool = _workers.get(key)
         if pool is None:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpucourse-{key}",
