@@ -104,7 +104,8 @@ def main():
     x = torch.randn(BATCH, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
 
-    ratio = report("SmallConvNet", *compare("SmallConvNet", SmallConvNet, x, y, devices, rounds=5, repeats=6))
+    ratio = report("SmallConvNet",
+                   *compare("SmallConvNet", SmallConvNet, x, y, devices, rounds=5, repeats=6))
     print(f"small conv net: DataParallel on 2 virtual devices is {ratio:.2f}x one thread "
           f"(target >= {TARGET}x): {'MET' if ratio >= TARGET else 'NOT MET'}\n")
 
@@ -113,7 +114,8 @@ def main():
 
     xt = torch.randn(BATCH, 10, generator=g)
     yt = torch.randint(0, 5, (BATCH,), generator=g)
-    (t_single, t_parallel, _), _, _ = compare("ToyModel", gc.ToyModel, xt, yt, devices, rounds=5, repeats=20)
+    (t_single, t_parallel, _), _, _ = compare("ToyModel", gc.ToyModel, xt, yt, devices,
+                                              rounds=5, repeats=20)
     print(gc.format_comparison(t_single, t_parallel))
     overhead = t_parallel.median - t_single.median / 2
     print(f"tiny model: DataParallel is {gc.speedup(t_single, t_parallel):.2f}x one thread — it loses.")

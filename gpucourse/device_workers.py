@@ -22,6 +22,7 @@ the Python glue between ops does not, which is why tiny models gain nothing (cha
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,7 +36,7 @@ __all__ = ["as_device", "as_devices", "current_device_index", "device_context", 
 
 _local = threading.local()          # .device_index, .hooks, .worker_of (per thread)
 _pool_lock = threading.Lock()
-_workers: dict[str, ThreadPoolExecutor] = {}     # "cpu:1" -> its single worker thread
+_workers: dict = {}       # "cpu:1" -> its single-thread pool; "pid" -> the process that owns them
 
 
 # --- device names ------------------------------------------------------------------------------
@@ -199,6 +200,9 @@ def _init_worker(device: torch.device) -> None:
 def _worker(device: torch.device) -> ThreadPoolExecutor:
     key = str(device)
     with _pool_lock:
+        if _workers.get("pid") != os.getpid():   # a forked child has none of the parent's threads
+            _workers.clear()
+            _workers["pid"] = os.getpid()
         pool = _workers.get(key)
         if pool is None:
             pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"gpucourse-{key}",
@@ -224,8 +228,13 @@ class _Context:
                 autocast[kind] = (True, torch.get_autocast_dtype(kind))
         return cls(torch.is_grad_enabled(), torch.is_inference_mode_enabled(), autocast, _hooks())
 
-    @contextlib.contextmanager
     def applied(self, device: torch.device, label: str):
+        if not (self.inference or self.autocast or self.hooks):      # the common case, kept cheap
+            return torch.set_grad_enabled(self.grad)
+        return self._applied(device, label)
+
+    @contextlib.contextmanager
+    def _applied(self, device: torch.device, label: str):
         with contextlib.ExitStack() as stack:
             if self.inference:
                 stack.enter_context(torch.inference_mode())

@@ -35,7 +35,8 @@ from torch.utils import _pytree as pytree
 from .data_parallel import BalancedDataParallel, DataParallel, balanced_chunk_sizes
 from .device_workers import _push_hook, as_devices, current_device_index, device_context
 
-__all__ = ["MemoryTracker", "MemoryReport", "dp_step_memory", "plot_memory", "memory_explorer", "format_bytes"]
+__all__ = ["MemoryTracker", "MemoryReport", "dp_step_memory", "plot_memory", "memory_explorer",
+           "format_bytes"]
 
 
 def format_bytes(n: float) -> str:

@@ -252,6 +252,7 @@ def replicate(module: nn.Module, devices: Sequence, *, detach: bool | None = Non
     copies: list[list[nn.Module]] = []
     for device in devices:
         replicas = [_shallow_copy(m) for m in modules]
+        slots = []                              # where the replica's weights that need grad sit
         for m, r in zip(modules, replicas):
             r.__dict__["_gc_device"] = device
             for key, child in m._modules.items():
@@ -260,6 +261,8 @@ def replicate(module: nn.Module, devices: Sequence, *, detach: bool | None = Non
                 # parameters of a replica are plain attributes (replica._parameters is empty)
                 copy = None if p is None else _copy_to(p, device, detach=detach or not p.requires_grad)
                 r.__dict__[key] = copy          # what setattr would do, without its checks
+                if copy is not None and copy.requires_grad:
+                    slots.append((r.__dict__, key, copy))
             for key, b in m._buffers.items():
                 if b is None:
                     r._buffers[key] = None
@@ -267,6 +270,7 @@ def replicate(module: nn.Module, devices: Sequence, *, detach: bool | None = Non
                     r._buffers[key] = b                 # shared: in-place updates reach the original
                 else:
                     r._buffers[key] = _copy_to(b, device, detach=True)
+        replicas[0].__dict__["_gc_slots"] = (slots, replicas)
         copies.append(replicas[0])
     return copies
 
@@ -284,13 +288,21 @@ def _shallow_copy(module: nn.Module) -> nn.Module:
 # --- 3) parallel_apply --------------------------------------------------------------------------
 
 def _grad_slots(module: nn.Module) -> list[tuple[dict, str, torch.Tensor]]:
-    """Every tensor of ``module`` that requires grad: (the dict holding it, key, tensor)."""
-    slots = []
-    for m in module.modules():
+    """The module's parameters and buffers that require grad: (the dict holding it, key, tensor).
+
+    For a replica from :func:`replicate`, its parameter copies (plain attributes) come from the
+    list ``replicate`` recorded, so nothing has to be searched for.
+    """
+    recorded = module.__dict__.get("_gc_slots")
+    if recorded is not None:
+        slots = [(store, k, t) for store, k, t in recorded[0] if store.get(k) is t]
+        modules = recorded[1]
+    else:
+        slots, modules = [], module.modules()
+    for m in modules:
         for store in (m._parameters, m._buffers):
-            slots += [(store, k, t) for k, t in store.items() if t is not None and t.requires_grad]
-        slots += [(m.__dict__, k, t) for k, t in m.__dict__.items()
-                  if isinstance(t, torch.Tensor) and t.requires_grad]
+            if store:
+                slots += [(store, k, t) for k, t in store.items() if t is not None and t.requires_grad]
     return slots
 
 
@@ -300,13 +312,16 @@ def _foreign_leaves(outputs: list[torch.Tensor], leaves: list[torch.Tensor]) -> 
     seen, stack, foreign = set(), [o.grad_fn for o in outputs if o.grad_fn is not None], []
     while stack:
         node = stack.pop()
-        if node is None or node in seen:
+        if node in seen:
             continue
         seen.add(node)
-        variable = getattr(node, "variable", None)
-        if variable is not None and id(variable) not in own:
-            foreign.append(variable)
-        stack.extend(next_node for next_node, _ in node.next_functions)
+        nexts = node.next_functions
+        if not nexts:                         # a leaf's AccumulateGrad (or a dead end)
+            variable = getattr(node, "variable", None)
+            if variable is not None and id(variable) not in own:
+                foreign.append(variable)
+            continue
+        stack.extend(n for n, _ in nexts if n is not None)
     return foreign
 
 
@@ -320,17 +335,22 @@ class _Replica:
         self.sources: list[torch.Tensor] = []   # the tensors of the caller's graph they stand for
         self.diff_outputs: list[torch.Tensor] = []
 
+    def _stand_in(self, t):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            leaf = t.detach().requires_grad_()
+            self.sources.append(t)
+            self.leaves.append(leaf)
+            return leaf
+        return t
+
     def forward(self, lock: threading.Lock | None):
         grad = torch.is_grad_enabled()
-        flat, spec = pytree.tree_flatten((self.args, self.kwargs))
-        if grad:
-            for i, t in enumerate(flat):
-                if isinstance(t, torch.Tensor) and t.requires_grad:
-                    leaf = t.detach().requires_grad_()
-                    self.sources.append(t)
-                    self.leaves.append(leaf)
-                    flat[i] = leaf
-        args, kwargs = pytree.tree_unflatten(flat, spec)
+        args, kwargs = self.args, self.kwargs
+        if grad and not kwargs and all(type(a) is torch.Tensor for a in args):   # the common case
+            args = tuple(self._stand_in(a) for a in args)
+        elif grad:
+            flat, spec = pytree.tree_flatten((args, kwargs))
+            args, kwargs = pytree.tree_unflatten([self._stand_in(t) for t in flat], spec)
         with lock if lock is not None else contextlib.nullcontext():
             slots = _grad_slots(self.module) if grad else []
             for store, key, t in slots:
@@ -343,7 +363,10 @@ class _Replica:
             finally:
                 for store, key, t in slots:
                     store[key] = t
-        out_flat, self.out_spec = pytree.tree_flatten(outputs)
+        if type(outputs) is torch.Tensor:
+            out_flat, self.out_spec = [outputs], None
+        else:
+            out_flat, self.out_spec = pytree.tree_flatten(outputs)
         self.out_flat = out_flat
         self.diff_outputs = [t for t in out_flat if isinstance(t, torch.Tensor) and t.requires_grad]
         foreign = _foreign_leaves(self.diff_outputs, self.leaves)
@@ -351,9 +374,9 @@ class _Replica:
             shapes = [tuple(t.shape) for t in foreign[:3]]
             raise RuntimeError(
                 f"the forward of replica {self.index} uses {len(foreign)} tensor(s) that require grad "
-                f"but are neither arguments nor parameters/buffers/tensor attributes of the module "
-                f"(shapes {shapes}); their gradients could not be computed. Pass them as arguments "
-                "or register them as parameters.")
+                f"but are neither arguments nor parameters/buffers of the module (shapes {shapes}); "
+                "their gradients could not be computed. Pass them as arguments, or register them "
+                "with nn.Parameter / register_buffer.")
         self.args = self.kwargs = None          # the chunks live on in the graph, not here
         return self
 
@@ -472,17 +495,22 @@ def parallel_apply(modules: Sequence[nn.Module], inputs: Sequence[Any], devices:
         for r in replicas:
             swap = {id(o): next(joined) for o in r.diff_outputs}
             r.out_flat = [swap.get(id(t), t) if isinstance(t, torch.Tensor) else t for t in r.out_flat]
-    outputs = [pytree.tree_unflatten(r.out_flat, r.out_spec) for r in replicas]
+    outputs = [r.out_flat[0] if r.out_spec is None else pytree.tree_unflatten(r.out_flat, r.out_spec)
+               for r in replicas]
     for r in replicas:                   # keep only what backward needs
         r.out_flat = r.module = None
     return outputs
 
 
 def _shared_lock(modules: list[nn.Module]) -> threading.Lock | None:
+    if len({id(m) for m in modules}) == len(modules) and all("_gc_slots" in m.__dict__ for m in modules):
+        return None                            # fresh replicas from replicate() never share
     owners: dict[int, int] = {}
     for i, m in enumerate(modules):
         for sub in m.modules():
-            own = chain(sub._parameters.values(), sub._buffers.values(), sub.__dict__.values())
+            recorded = sub.__dict__.get("_gc_slots")
+            own = chain(sub._parameters.values(), sub._buffers.values(),
+                        (t for _, _, t in recorded[0]) if recorded else ())
             if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in own):
                 continue                       # nothing of it is swapped: sharing is harmless
             if owners.setdefault(id(sub), i) != i:

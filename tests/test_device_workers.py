@@ -73,3 +73,13 @@ def test_timeline_overlap_arithmetic():
     tl = gc.device_workers.Timeline(spans=[("a", "f", 0.0, 2.0), ("b", "f", 1.0, 3.0), ("c", "g", 0.0, 9.0)])
     assert tl.overlap("f") == pytest.approx(1.0)
     assert tl.overlap("g") == 0.0
+
+
+def test_workers_are_recreated_in_a_forked_child():
+    """A process forked after the parent used the workers (e.g. by gc.launch) gets its own threads."""
+    run_on_devices(lambda: None, [()], CPU[:1])                 # parent's worker exists
+
+    def child(rank, world_size):
+        return run_on_devices(lambda: current_device_index(), [(), ()], CPU[:2])
+
+    assert gc.launch(child, 1, init_process_group=False, timeout=60) == [[0, 1]]

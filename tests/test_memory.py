@@ -117,3 +117,16 @@ def test_tracker_on_cuda_reads_the_allocator():
         x = torch.empty(2**20, device="cuda")
         assert mt.live()["cuda:0"] >= x.nbytes
     assert mt.peak()["cuda:0"] >= x.nbytes
+
+
+def test_memory_explorer_is_a_thin_view_that_updates_without_a_browser():
+    import matplotlib
+    matplotlib.use("Agg")
+
+    view = gc.memory_explorer(model=nn.Sequential(nn.Flatten(), nn.Linear(12, 3)), max_batch=8,
+                              max_devices=3, sample_shape=(3, 2, 2), num_classes=3)
+    report = view.update(batch=7, gpu0_bsz=1, devices=3)
+    assert report.chunk_sizes == gc.balanced_chunk_sizes(7, 1, 3) == [1, 3, 3]
+    batch, gpu0, devices = view.children[:3]
+    batch.value = 4                                  # the sliders drive the same update
+    assert gpu0.max == 4 and gpu0.value <= 4
