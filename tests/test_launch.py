@@ -15,26 +15,7 @@ import gpucourse as gc
 import gpucourse.launcher as launch_mod
 
 import _launch_targets
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purposes; /proc tells on Linux
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_gone(pids, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if _alive(p)]
+from _processes import wait_gone
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -55,7 +36,7 @@ def test_results_in_rank_order_with_a_real_collective(n):
     assert [o[3] for o in out] == list(range(n))          # torchrun-style RANK is set
     assert len({o[4] for o in out}) == n                  # really n processes
     assert os.getpid() not in {o[4] for o in out}
-    assert not _wait_gone([o[4] for o in out])
+    assert not wait_gone([o[4] for o in out])
 
 
 def test_output_is_grouped_in_rank_order(capsys):
@@ -174,7 +155,7 @@ def test_no_process_left_behind_after_failure_including_grandchildren(tmp_path):
         gc.launch(fn, 2, args=(tmp_path,), timeout=30, init_process_group=False)
     pids = [int(p) for f in tmp_path.glob("*.pid") for p in f.read_text().split()]
     assert len(pids) == 4
-    assert not _wait_gone(pids), "a rank or its subprocess survived launch()"
+    assert not wait_gone(pids), "a rank or its subprocess survived launch()"
 
 
 def test_no_process_left_behind_after_timeout(tmp_path):
@@ -185,7 +166,7 @@ def test_no_process_left_behind_after_timeout(tmp_path):
     with pytest.raises(TimeoutError):
         gc.launch(fn, 2, args=(tmp_path,), timeout=2, init_process_group=False)
     pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
-    assert len(pids) == 2 and not _wait_gone(pids)
+    assert len(pids) == 2 and not wait_gone(pids)
 
 
 def test_launch_works_again_after_failure_and_timeout():
@@ -218,7 +199,7 @@ def test_keyboard_interrupt_in_parent_kills_children(tmp_path):
     out, _ = proc.communicate(timeout=30)
     assert "interrupted" in out
     pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
-    assert len(pids) == 2 and not _wait_gone(pids)
+    assert len(pids) == 2 and not wait_gone(pids)
 
 
 def test_function_defined_in_main_script_works(tmp_path):

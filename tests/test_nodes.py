@@ -1,6 +1,5 @@
 """Emulated nodes: torchrun / srun / OpenPAI launches, failures, hangs and cleanup."""
 
-import os
 import re
 import sys
 import textwrap
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import gpucourse as gc
+from _processes import wait_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 WHOAMI = str(ROOT / "scripts" / "whoami_allreduce.py")
@@ -65,18 +65,6 @@ def _script(tmp_path, body):
     return str(path)
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_failing_node_stops_the_job_and_shows_its_traceback(tmp_path):
     script = _script(tmp_path, """
         import os, time
@@ -104,10 +92,7 @@ def test_a_hanging_job_times_out_and_leaves_no_process(tmp_path):
         gc.launch_nodes(script, 2, 1, launcher="srun", timeout=3, echo=False)
     started = [int(p.name) for p in pids.iterdir()]
     assert len(started) == 2
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(p) for p in started):
-        time.sleep(0.05)
-    assert not any(_alive(p) for p in started)
+    assert not wait_gone(started)
 
 
 def test_check_false_returns_results_and_environment_is_clean(tmp_path):
