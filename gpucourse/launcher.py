@@ -3,8 +3,9 @@
 This is what ``torch.multiprocessing.spawn`` and ``torchrun`` do for a training script, made safe
 for a Jupyter kernel:
 
-1) pick a free loopback port and start ``nprocs`` children (``fork`` where that is safe, so a
-   function defined in a notebook cell works; ``spawn`` otherwise);
+1) host the key-value store the ranks meet at (on a loopback port the OS picks, held from the
+   start, so no other process can take it) and start ``nprocs`` children (``fork`` where that is
+   safe, so a function defined in a notebook cell works; ``spawn`` otherwise);
 2) in every child: set ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` like
    torchrun does, join a fresh process group, run ``fn``, leave the group;
 3) in the parent: wait for every rank with a deadline, collect return values in rank order, print
@@ -30,6 +31,7 @@ import io
 import multiprocessing as mp
 import os
 import pickle
+import random
 import signal
 import socket
 import sys
@@ -75,7 +77,14 @@ def _rebuild_worker_error(rank, message, exc_type, remote_traceback, exitcode):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """Ask the OS for a TCP port that is free on ``host`` right now.
+    """A TCP port that is free on ``host`` right now, for a store some process will bind later.
+
+    The port is picked at random *outside* the kernel's ephemeral range
+    (``/proc/sys/net/ipv4/ip_local_port_range``, usually 32768-60999). Asking the OS for "port 0"
+    would return a port from that range, and between this call and the moment rank 0 binds it, any
+    process on the machine (a gloo connection, another job's store) may be handed the same port
+    by the OS — ``EADDRINUSE``. Ports below the range are never handed out that way. If the range
+    leaves no room, it falls back to asking the OS.
 
     Example::
 
@@ -83,9 +92,33 @@ def free_port(host: str = "127.0.0.1") -> int:
         >>> 1024 <= port <= 65535
         True
     """
+    lo, hi = _ephemeral_range()
+    pool = [(a, b) for a, b in ((20000, min(lo, 65536) - 1), (max(hi, 20000) + 1, 65535)) if b > a + 100]
+    rng = random.SystemRandom()
+    for _ in range(64 if pool else 0):
+        a, b = rng.choice(pool)
+        port = rng.randint(a, b)
+        if 29400 <= port <= 29600:  # torchrun's default 29500 and neighbours: leave them to others
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The range the kernel takes ports from for ``bind(port 0)`` and outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = map(int, f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 65535  # the IANA range, which macOS and Windows use
 
 
 # --------------------------------------------------------------------------------------------
@@ -122,8 +155,7 @@ def _redirect_output(stdout_path: str, stderr_path: str) -> None:
     sys.stdin = open(os.devnull)
 
 
-def _child_main(fn, rank, world_size, args, backend, init_pg, port, control_port, timeout, paths,
-                conn, forked):
+def _child_main(fn, rank, world_size, args, backend, init_pg, port, timeout, paths, conn, forked):
     """Body of every rank.
 
     Sends ``("returned",)`` when ``fn`` has returned, then ``("ok", pickled result)`` or
@@ -148,6 +180,9 @@ def _child_main(fn, rank, world_size, args, backend, init_pg, port, control_port
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0",
         OMP_NUM_THREADS="1",
+        # as under torchrun: the store at MASTER_ADDR:MASTER_PORT is hosted by the launcher (the
+        # parent), so env:// makes every rank a client of it, rank 0 included
+        TORCHELASTIC_USE_AGENT_STORE="True",
     )
     import torch.distributed as dist
 
@@ -156,16 +191,16 @@ def _child_main(fn, rank, world_size, args, backend, init_pg, port, control_port
         if init_pg:
             if backend == "nccl":
                 torch.cuda.set_device(rank % torch.cuda.device_count())
-            # rank 0 hosts the key-value store every rank meets at (what tcp:// does for you)
-            store = dist.TCPStore("127.0.0.1", port, world_size, is_master=(rank == 0),
-                                  timeout=datetime.timedelta(seconds=timeout),
-                                  wait_for_workers=False)
+            # every rank is a client of the store the parent hosts (what torchrun's agent does)
+            store = dist.PrefixStore("gpucourse/pg", dist.TCPStore(
+                "127.0.0.1", port, world_size, is_master=False,
+                timeout=datetime.timedelta(seconds=timeout)))
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=timeout))
         conn.send(("joined",))
         result = fn(rank, world_size, *args)
         conn.send(("returned",))
-        control = dist.TCPStore("127.0.0.1", control_port, is_master=False,
+        control = dist.TCPStore("127.0.0.1", port, is_master=False,
                                 timeout=datetime.timedelta(seconds=timeout))
         _closing_barrier(control, rank, world_size)
         try:
@@ -201,9 +236,9 @@ def _closing_barrier(store, rank: int, world_size: int) -> None:
     """Wait until every rank has returned from ``fn`` before anyone tears down its sockets.
 
     Without it, a rank that finishes a collective early could close connections a peer is still
-    reading from ("Connection closed by peer"), and rank 0 — which hosts the process group's store,
-    whether ``launch`` or ``fn`` created the group — could leave while a peer still needs it. It
-    goes through the parent's control store, not ``dist.barrier()``, so it can never pair up with a
+    reading from ("Connection closed by peer"), and rank 0 — which hosts the store when ``fn``
+    creates its group from its own ``tcp://`` address — could leave while a peer still needs it.
+    It goes through the parent's store, not ``dist.barrier()``, so it can never pair up with a
     barrier that ``fn`` called on only some ranks, and it works when ``fn`` manages (or already
     destroyed) its own group. Rank 0 leaves last.
     """
@@ -345,10 +380,12 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
         nprocs: number of processes (the *world size*; one per GPU on a GPU machine).
         args: extra positional arguments passed to every rank.
         backend: ``"gloo"`` (CPU, works everywhere), ``"nccl"`` (CUDA GPUs) or ``"mpi"``.
-        init_process_group: join a fresh default process group on a free loopback port before
+        init_process_group: join a fresh default process group on a loopback port before
             ``fn`` runs, and leave it afterwards. With ``False``, the torchrun variables
             (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) are still set,
-            so ``fn`` can call ``dist.init_process_group(backend)`` itself (``env://``).
+            so ``fn`` can call ``dist.init_process_group(backend)`` itself (``env://``). As under
+            torchrun, the store at ``MASTER_PORT`` is hosted by the launcher and
+            ``TORCHELASTIC_USE_AGENT_STORE=True`` tells ``env://`` to connect to it as a client.
         timeout: seconds for the whole run; also the process group's collective timeout.
 
     Returns:
@@ -399,9 +436,10 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
     if method == "fork":
         _warm_parent()
     ctx = mp.get_context(method)
-    port = free_port()
-    # the parent hosts a small key-value store of its own for the closing barrier (see
-    # _closing_barrier); the process group's store is rank 0's, as under torchrun
+    # The parent hosts the store the ranks meet at, as torchrun's agent does. Binding port 0 lets
+    # the OS choose a free port and keeps it bound: a port chosen here but bound later by rank 0
+    # can be taken by any other process in between (EADDRINUSE). It also serves the closing
+    # barrier (see _closing_barrier).
     control = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                             timeout=datetime.timedelta(seconds=timeout))
     procs: list[mp.process.BaseProcess] = []
@@ -419,9 +457,9 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
                     recv, send = ctx.Pipe(duplex=False)
                     p = ctx.Process(
                         target=_child_main, name=f"gpucourse-rank{rank}", daemon=False,
-                        args=(fn, rank, nprocs, tuple(args), backend, init_process_group, port,
-                              control.port, float(timeout), (outs[rank], errs[rank], stacks[rank]), send,
-                              method == "fork"),
+                        args=(fn, rank, nprocs, tuple(args), backend, init_process_group,
+                              control.port, float(timeout), (outs[rank], errs[rank], stacks[rank]),
+                              send, method == "fork"),
                     )
                     p.start()
                     send.close()

@@ -7,7 +7,9 @@ backend (gloo, nccl) connects them directly. The ``init_method`` says where the 
 * ``tcp://host:port`` — rank 0 runs a :class:`torch.distributed.TCPStore` server on ``port`` of
   its machine ``host``; everyone else connects to it.
 * ``env://`` (the default) — the same, with host and port read from ``MASTER_ADDR`` and
-  ``MASTER_PORT`` (and ``RANK``, ``WORLD_SIZE``) — what torchrun sets.
+  ``MASTER_PORT`` (and ``RANK``, ``WORLD_SIZE``) — what torchrun sets. torchrun (and
+  ``gc.launch``) go one step further: the launcher itself already hosts the store there and sets
+  ``TORCHELASTIC_USE_AGENT_STORE=True``, so every rank, rank 0 included, connects as a client.
 * ``file:///path`` — a :class:`torch.distributed.FileStore` on a file every process can see (a
   shared file system across machines). The file must not exist yet.
 * or pass a store you built yourself: ``init_process_group(backend, store=..., rank=..., world_size=...)``.
@@ -35,6 +37,7 @@ __all__ = ["InitMethod", "checked_init_process_group", "parse_init_method"]
 _SCHEMES = ("tcp", "file", "env")
 _EXAMPLES = "tcp://10.0.0.1:29500, file:///mnt/shared/job42.init or env://"
 _PREFIX = "gpucourse/join/"
+_agent_joins = 0  # how many times this process joined through a launcher-hosted store
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,19 @@ def _fresh_key_count(kind: str) -> int:
     return store.num_keys()
 
 
+def _agent_store_serves(method: InitMethod) -> bool:
+    """Whether a launcher (torchrun, ``gc.launch``) already hosts the store at this address.
+
+    torchrun sets ``TORCHELASTIC_USE_AGENT_STORE=True`` when its agent serves the store at the
+    ``MASTER_ADDR:MASTER_PORT`` it exports; there rank 0 must not try to start a server of its own.
+    The same rule as ``torch.distributed.rendezvous``: only for exactly that address.
+    """
+    return (method.scheme == "tcp"
+            and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and os.environ.get("MASTER_ADDR") == method.host
+            and os.environ.get("MASTER_PORT") == str(method.port))
+
+
 def _make_store(method: InitMethod, rank: int, world_size: int, join_timeout: float):
     """The store ``init_process_group`` would build for this URL — with errors that say the fix."""
     import torch.distributed as dist
@@ -192,6 +208,22 @@ def _make_store(method: InitMethod, rank: int, world_size: int, join_timeout: fl
                              "several machines it must be on a file system that every machine "
                              "mounts at the same path (e.g. NFS)")
         return dist.FileStore(method.path, world_size), "file"
+    if _agent_store_serves(method):
+        # torchrun / gc.launch already host the store at MASTER_ADDR:MASTER_PORT: every rank is a
+        # client. The store is shared with the launcher's own keys (and with earlier joins of this
+        # run), so each join gets its own key prefix — the same on every rank, as every rank makes
+        # the same sequence of calls.
+        global _agent_joins
+        _agent_joins += 1
+        run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        try:
+            client = dist.TCPStore(method.host, method.port, world_size, is_master=False, timeout=td)
+        except RuntimeError as e:
+            raise TimeoutError(
+                f"rank {rank} could not reach the launcher's store at {method.host}:{method.port} "
+                f"within {join_timeout:g} s: has the launcher (torchrun) exited? ({e})") from None
+        return dist.PrefixStore(f"gpucourse/agent/{run}/{attempt}/{_agent_joins}", client), "agent"
     if rank == 0 and not _is_local_address(method.host):
         raise ValueError(
             f"this process is rank 0, but the master address {method.host!r} is not an address of "
@@ -402,7 +434,7 @@ def checked_init_process_group(backend: str = "gloo", init_method: str | None = 
     fresh = None
     if store is None:
         store, kind = _make_store(method, rank, world_size, join_s)
-        fresh = _fresh_key_count(kind)
+        fresh = None if kind == "agent" else _fresh_key_count(kind)  # a key prefix of its own
         where = f"file {method.path}" if kind == "file" else f"the store at {method.host}:{method.port}"
     else:
         where = f"the {type(store).__name__} you passed"

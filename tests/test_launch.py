@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -70,6 +71,47 @@ def test_without_process_group_sets_env_for_env_init():
         return (os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], t.item())
 
     assert gc.launch(fn, 2, init_process_group=False) == [("0", "2", 2.0), ("1", "2", 2.0)]
+
+
+def _env_init(rank, world_size):
+    dist.init_process_group("gloo")  # env://: a client of the launcher's store, as under torchrun
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
+
+
+@pytest.mark.parametrize("init_process_group", [True, False])
+def test_ports_picked_by_free_port_can_be_taken_meanwhile(monkeypatch, init_process_group):
+    # Regression: the launcher used to pick a port with free_port() and let rank 0 bind it later;
+    # another process could take it in between (EADDRINUSE, seen under parallel CI). The store now
+    # lives in the parent, bound before any child starts. Simulate the worst case: every port
+    # free_port() returns is already taken.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(launch_mod, "free_port", lambda host="127.0.0.1": taken.getsockname()[1])
+        if init_process_group:
+            assert gc.launch(_identity, 2, args=(1.0,), timeout=60)[1][:3] == (1, 2, 1.0)
+        else:
+            assert gc.launch(_env_init, 2, init_process_group=False, timeout=60) == [2.0, 2.0]
+
+
+def test_children_see_the_launcher_hosted_store_like_under_torchrun():
+    def fn(rank, world_size):
+        return os.environ["TORCHELASTIC_USE_AGENT_STORE"], int(os.environ["MASTER_PORT"])
+
+    out = gc.launch(fn, 2, init_process_group=False, timeout=60)
+    assert out[0] == out[1] and out[0][0] == "True"
+    with socket.socket() as s:  # the parent's store is gone with the run: its port is free again
+        s.bind(("127.0.0.1", out[0][1]))
+
+
+def test_free_port_avoids_the_ephemeral_range():
+    lo, hi = launch_mod._ephemeral_range()
+    ports = {gc.free_port() for _ in range(50)}
+    assert all(not lo <= p <= hi for p in ports), sorted(ports)
+    assert len(ports) > 10  # random, so two jobs asking at once rarely collide
 
 
 def test_each_rank_uses_one_intra_op_thread():

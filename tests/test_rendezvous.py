@@ -1,7 +1,12 @@
 """checked_init_process_group and parse_init_method: good configurations work, bad ones fail fast."""
 
 import datetime
+import os
+import pathlib
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -98,6 +103,47 @@ def _join_env(rank, world_size):
 
 def test_env_rendezvous_reads_the_torchrun_variables():
     assert gc.launch(_join_env, 2, init_process_group=False, timeout=60) == [(0, 2), (1, 2)]
+
+
+def _join_env_twice(rank, world_size):
+    sums = []
+    for _ in range(2):
+        gc.checked_init_process_group("gloo", join_timeout=10)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        sums.append(t.item())
+        dist.destroy_process_group()
+    return sums
+
+
+def test_env_rendezvous_twice_through_the_launcher_hosted_store():
+    assert gc.launch(_join_env_twice, 2, init_process_group=False, timeout=60) == [[2.0, 2.0]] * 2
+
+
+def test_env_rendezvous_under_torchrun(tmp_path):
+    # torchrun's agent hosts the store at MASTER_PORT and sets TORCHELASTIC_USE_AGENT_STORE=True:
+    # rank 0 must join as a client, and the agent's own keys in that store are not "another job"
+    script = tmp_path / "join.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, torch, torch.distributed as dist, gpucourse as gc
+        sums = []
+        for _ in range(2):
+            gc.checked_init_process_group("gloo", join_timeout=20)
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            sums.append(t.item())
+            dist.destroy_process_group()
+        with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}"), "w") as f:
+            f.write(repr(sums))
+    """))
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(gc.__file__).parents[1]),
+           "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={gc.free_port()}", str(script), str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["[2.0, 2.0]"] * 2
+    assert "failed to bind" not in run.stderr
 
 
 def _join_with_store(rank, world_size, port):
