@@ -17,8 +17,10 @@ WORKERS   ?= 2
 NBVAL     := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 # tests: one intra-op thread per process (the tests start their own processes and threads),
 # fixed hashing. (No MPLBACKEND: notebook kernels pick the inline backend themselves, and the
-# package's plotting helpers never open windows.)
-TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0
+# package's plotting helpers never open windows.) torch's store looks up the host name of every
+# loopback connection (reverse DNS of ::ffff:127.0.0.1); a resolver that drops a query stalls that
+# connection for glibc's default 5 s, so the tests ask for 1 s retries (see README, troubleshooting).
+TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0 RES_OPTIONS="timeout:1 attempts:3"
 
 .PHONY: lab test test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean
 

@@ -155,7 +155,8 @@ def _redirect_output(stdout_path: str, stderr_path: str) -> None:
     sys.stdin = open(os.devnull)
 
 
-def _child_main(fn, rank, world_size, args, backend, init_pg, port, timeout, paths, conn, forked):
+def _child_main(fn, rank, world_size, args, backend, init_pg, port_conn, timeout, paths, conn,
+                forked):
     """Body of every rank.
 
     Sends ``("returned",)`` when ``fn`` has returned, then ``("ok", pickled result)`` or
@@ -169,6 +170,12 @@ def _child_main(fn, rank, world_size, args, backend, init_pg, port, timeout, pat
     if hasattr(signal, "SIGUSR1"):  # the parent sends SIGUSR1 before killing a hung rank
         stack_file = open(stack_path, "w")  # noqa: SIM115 - must stay open until the process ends
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+    # the parent creates the store only once every rank has been started (see launch)
+    if not port_conn.poll(timeout):
+        os._exit(3)
+    port = port_conn.recv()
+    port_conn.close()
 
     import torch
 
@@ -187,22 +194,24 @@ def _child_main(fn, rank, world_size, args, backend, init_pg, port, timeout, pat
     import torch.distributed as dist
 
     message: tuple
+    client = None
     try:
         if init_pg:
             if backend == "nccl":
                 torch.cuda.set_device(rank % torch.cuda.device_count())
             # every rank is a client of the store the parent hosts (what torchrun's agent does)
-            store = dist.PrefixStore("gpucourse/pg", dist.TCPStore(
-                "127.0.0.1", port, world_size, is_master=False,
-                timeout=datetime.timedelta(seconds=timeout)))
+            client = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                                   timeout=datetime.timedelta(seconds=timeout))
+            store = dist.PrefixStore("gpucourse/pg", client)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=timeout))
         conn.send(("joined",))
         result = fn(rank, world_size, *args)
         conn.send(("returned",))
-        control = dist.TCPStore("127.0.0.1", port, is_master=False,
-                                timeout=datetime.timedelta(seconds=timeout))
-        _closing_barrier(control, rank, world_size)
+        if client is None:  # one connection per rank: each one costs a reverse DNS lookup in torch
+            client = dist.TCPStore("127.0.0.1", port, is_master=False,
+                                   timeout=datetime.timedelta(seconds=timeout))
+        _closing_barrier(client, rank, world_size)
         try:
             message = ("ok", pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception as e:  # noqa: BLE001
@@ -436,14 +445,10 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
     if method == "fork":
         _warm_parent()
     ctx = mp.get_context(method)
-    # The parent hosts the store the ranks meet at, as torchrun's agent does. Binding port 0 lets
-    # the OS choose a free port and keeps it bound: a port chosen here but bound later by rank 0
-    # can be taken by any other process in between (EADDRINUSE). It also serves the closing
-    # barrier (see _closing_barrier).
-    control = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                            timeout=datetime.timedelta(seconds=timeout))
     procs: list[mp.process.BaseProcess] = []
     conns = []
+    port_conns = []
+    control = None
     with tempfile.TemporaryDirectory(prefix="gpucourse-launch-") as tmp:
         outs = [os.path.join(tmp, f"rank{r}.out") for r in range(nprocs)]
         errs = [os.path.join(tmp, f"rank{r}.err") for r in range(nprocs)]
@@ -455,16 +460,29 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
                 warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
                 for rank in range(nprocs):
                     recv, send = ctx.Pipe(duplex=False)
+                    port_recv, port_send = ctx.Pipe(duplex=False)
                     p = ctx.Process(
                         target=_child_main, name=f"gpucourse-rank{rank}", daemon=False,
                         args=(fn, rank, nprocs, tuple(args), backend, init_process_group,
-                              control.port, float(timeout), (outs[rank], errs[rank], stacks[rank]),
+                              port_recv, float(timeout), (outs[rank], errs[rank], stacks[rank]),
                               send, method == "fork"),
                     )
                     p.start()
                     send.close()
+                    port_recv.close()
                     procs.append(p)
                     conns.append(recv)
+                    port_conns.append(port_send)
+            # The parent hosts the store the ranks meet at, as torchrun's agent does. Binding port
+            # 0 lets the OS choose a free port and keeps it bound: a port chosen here but bound
+            # later by rank 0 can be taken by another process in between (EADDRINUSE). It also
+            # serves the closing barrier (see _closing_barrier). It is created after the last
+            # fork, so no child inherits the server's sockets or its event loop's state.
+            control = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=timeout))
+            for c in port_conns:
+                c.send(control.port)
+                c.close()
             results, failure = _collect(procs, conns, timeout)
         except BaseException:  # KeyboardInterrupt from the notebook's stop button, among others
             _kill(procs, signal.SIGTERM, grace=0.5)
