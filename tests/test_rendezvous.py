@@ -16,6 +16,8 @@ import torch.distributed as dist
 import gpucourse as gc
 from gpucourse.rendezvous import _fresh_key_count
 
+import _launch_targets
+
 # --- parse_init_method -------------------------------------------------------------------------
 
 
@@ -105,19 +107,8 @@ def test_env_rendezvous_reads_the_torchrun_variables():
     assert gc.launch(_join_env, 2, init_process_group=False, timeout=60) == [(0, 2), (1, 2)]
 
 
-def _join_env_twice(rank, world_size):
-    sums = []
-    for _ in range(2):
-        gc.checked_init_process_group("gloo", join_timeout=10)
-        t = torch.ones(1)
-        dist.all_reduce(t)
-        sums.append(t.item())
-        dist.destroy_process_group()
-    return sums
-
-
 def test_env_rendezvous_twice_through_the_launcher_hosted_store():
-    assert gc.launch(_join_env_twice, 2, init_process_group=False, timeout=60) == [[2.0, 2.0]] * 2
+    assert gc.launch(_launch_targets.join_env_twice, 2, init_process_group=False, timeout=60) == [[2.0, 2.0]] * 2
 
 
 def test_env_rendezvous_under_torchrun(tmp_path):
@@ -125,19 +116,13 @@ def test_env_rendezvous_under_torchrun(tmp_path):
     # rank 0 must join as a client, and the agent's own keys in that store are not "another job"
     script = tmp_path / "join.py"
     script.write_text(textwrap.dedent("""
-        import os, sys, torch, torch.distributed as dist, gpucourse as gc
-        sums = []
-        for _ in range(2):
-            gc.checked_init_process_group("gloo", join_timeout=20)
-            t = torch.ones(1)
-            dist.all_reduce(t)
-            sums.append(t.item())
-            dist.destroy_process_group()
+        import os, sys
+        from _launch_targets import join_env_twice
         with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}"), "w") as f:
-            f.write(repr(sums))
+            f.write(repr(join_env_twice()))
     """))
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(gc.__file__).parents[1]),
-           "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join([str(pathlib.Path(gc.__file__).parents[1]), str(pathlib.Path(__file__).parent)])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           f"--master_port={gc.free_port()}", str(script), str(tmp_path)],
                          capture_output=True, text=True, timeout=120, env=env)
