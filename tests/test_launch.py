@@ -188,8 +188,11 @@ def test_hang_raises_timeout_error_naming_ranks_and_where():
 def test_no_process_left_behind_after_failure_including_grandchildren(tmp_path):
     def fn(rank, world_size, folder):
         child = subprocess.Popen(["sleep", "60"])
-        (folder / f"{rank}.pid").write_text(f"{os.getpid()} {child.pid}")
+        (folder / f"{rank}.tmp").write_text(f"{os.getpid()} {child.pid}")
+        os.replace(folder / f"{rank}.tmp", folder / f"{rank}.pid")
         if rank == 1:
+            while not (folder / "0.pid").exists():  # fail only once rank 0 has its grandchild too
+                time.sleep(0.01)
             raise RuntimeError("fail after starting a grandchild")
         time.sleep(60)
 
@@ -202,7 +205,8 @@ def test_no_process_left_behind_after_failure_including_grandchildren(tmp_path):
 
 def test_no_process_left_behind_after_timeout(tmp_path):
     def fn(rank, world_size, folder):
-        (folder / f"{rank}.pid").write_text(str(os.getpid()))
+        (folder / f"{rank}.tmp").write_text(str(os.getpid()))
+        os.replace(folder / f"{rank}.tmp", folder / f"{rank}.pid")
         time.sleep(60)
 
     with pytest.raises(TimeoutError):
@@ -226,7 +230,9 @@ def test_keyboard_interrupt_in_parent_kills_children(tmp_path):
         import os, time, pathlib
         import gpucourse as gc
         def fn(rank, world_size):
-            pathlib.Path({str(tmp_path)!r}, f"{{rank}}.pid").write_text(str(os.getpid()))
+            tmp = pathlib.Path({str(tmp_path)!r}, f"{{rank}}.tmp")
+            tmp.write_text(str(os.getpid()))
+            os.replace(tmp, tmp.with_suffix(".pid"))  # complete when it appears
             time.sleep(60)
         try:
             gc.launch(fn, 2, init_process_group=False, timeout=60)
