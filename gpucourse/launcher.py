@@ -191,6 +191,10 @@ def _child_main(fn, rank, world_size, args, backend, init_pg, port_conn, timeout
         # parent), so env:// makes every rank a client of it, rank 0 included
         TORCHELASTIC_USE_AGENT_STORE="True",
     )
+    # init_process_group returns only once every rank has joined (torch's own store-based barrier).
+    # Without it, a rank that joins and leaves at once closes connections a slower peer is still
+    # setting up ("Gloo connectFullMesh failed ... Connection closed by peer").
+    os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
     import torch.distributed as dist
 
     message: tuple
@@ -394,7 +398,9 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
             (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``) are still set,
             so ``fn`` can call ``dist.init_process_group(backend)`` itself (``env://``). As under
             torchrun, the store at ``MASTER_PORT`` is hosted by the launcher and
-            ``TORCHELASTIC_USE_AGENT_STORE=True`` tells ``env://`` to connect to it as a client.
+            ``TORCHELASTIC_USE_AGENT_STORE=True`` tells ``env://`` to connect to it as a client;
+            ``TORCH_DIST_INIT_BARRIER=1`` (unless already set) makes ``init_process_group``
+            return only once every rank has joined, so a rank may leave the group right away.
         timeout: seconds for the whole run; also the process group's collective timeout.
 
     Returns:
