@@ -58,6 +58,13 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
+    # Start from a blank slate: a shipped exercises notebook stores the solution run's check output
+    # ("passed ✓", an execution count). nbclient replaces only the cells it reaches, so after a
+    # timeout or a dead kernel a stale count would make a check that never ran look passed.
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
     client = NotebookClient(nb, km=_current_env_kernel_manager(), timeout=cell_timeout,
                             allow_errors=allow_errors, record_timing=False,
                             resources={"metadata": {"path": str(path.parent.resolve())}})

@@ -86,3 +86,20 @@ def test_hanging_cell_is_stopped_by_the_cell_timeout(tmp_path):
     assert r.returncode == 1
     assert "99.1  ✓" in r.stdout                       # ran before the hang
     assert "99.2  ✗" in r.stdout and "not run: a cell ran longer than 3 s" in r.stdout
+
+
+def test_stored_outputs_of_an_unrun_check_do_not_count_as_passed(tmp_path):
+    """A shipped exercises notebook stores the solution's check output; a check the run never
+    reached (here: after a hanging cell) must be graded as not run, not as passed."""
+    nb = _nb("return x * x")
+    nb.cells.insert(3, new_code_cell("import time\ntime.sleep(120)"))
+    for count, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        cell.execution_count = count + 1          # as stored by the solution run
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="99.x passed\n")]
+    path = tmp_path / "stale.ipynb"
+    nbformat.write(nb, path)
+    r = subprocess.run([sys.executable, "-m", "gpucourse", "check", "--cell-timeout", "3", str(path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "99.1  ✓" in r.stdout
+    assert "99.2  ✗" in r.stdout and "not run: a cell ran longer than 3 s" in r.stdout
