@@ -35,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         return check_main(args.notebooks, cell_timeout=args.cell_timeout)
     from .exercises import generate_exercises
 
-    changed = generate_exercises(args.solutions, args.exercises, check_only=args.check)
+    try:
+        changed = generate_exercises(args.solutions, args.exercises, check_only=args.check)
+    except FileNotFoundError as e:
+        print(f"gpucourse exercises: {e}", file=sys.stderr)
+        return 2
     for path in changed:
         print(("out of date: " if args.check else "wrote ") + str(path))
     return 1 if (args.check and changed) else 0

@@ -178,11 +178,22 @@ def generate_exercises(solutions_dir: str | Path, exercises_dir: str | Path, *,
 
     With ``check_only=True`` nothing is written: the return value lists the exercises notebooks
     that are out of date (or missing, or no longer have a solutions source).
+
+    Raises:
+        FileNotFoundError: ``solutions_dir`` holds no ``NN_*.ipynb`` (nothing would be checked, and
+            every exercises notebook would be deleted as stale).
     """
     solutions_dir, exercises_dir = Path(solutions_dir), Path(exercises_dir)
+    sources = sorted(solutions_dir.glob("[0-9][0-9]_*.ipynb"))
+    if not sources:
+        # Run from the wrong folder, an empty source would "pass" the check and, worse, delete
+        # every exercises notebook as stale.
+        raise FileNotFoundError(
+            f"no solutions notebooks (NN_*.ipynb) in {str(solutions_dir.resolve())!r}; run from the "
+            "course folder (where solutions/ and exercises/ are) or pass --solutions/--exercises")
     changed: list[Path] = []
     expected = set()
-    for src in sorted(solutions_dir.glob("[0-9][0-9]_*.ipynb")):
+    for src in sources:
         nb = nbformat.read(src, as_version=4)
         text = nbformat.writes(make_exercise_notebook(nb, name=src.name)) + "\n"
         dst = exercises_dir / src.name

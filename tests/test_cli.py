@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from pathlib import Path
 
 from gpucourse.doctor import doctor
 
@@ -24,7 +25,21 @@ def test_doctor_flags_malformed_visible_devices(monkeypatch, capsys):
     assert "NOT READY" in capsys.readouterr().out
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def test_exercises_cli_check_mode():
     r = subprocess.run([sys.executable, "-m", "gpucourse", "exercises", "--check"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_exercises_cli_outside_the_course_folder_fails_and_deletes_nothing(tmp_path):
+    (tmp_path / "exercises").mkdir()
+    kept = tmp_path / "exercises" / "00_setup_exercises.ipynb"
+    kept.write_text("{}")
+    for extra in ([], ["--check"]):
+        r = subprocess.run([sys.executable, "-m", "gpucourse", "exercises", *extra],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert r.returncode == 2 and "no solutions notebooks" in r.stderr, r.stdout + r.stderr
+    assert kept.exists()
