@@ -56,6 +56,17 @@ class WorkerError(RuntimeError):
             process died without raising (killed by a signal, ``os._exit``).
         remote_traceback: the traceback text printed in that rank (empty when it died silently).
         exitcode: the process exit code (negative: killed by that signal number), if known.
+
+    Example::
+
+        >>> def picky(rank, world_size):
+        ...     if rank == 1:
+        ...         raise ValueError("rank 1 refuses")
+        >>> try:
+        ...     launch(picky, 2, init_process_group=False)
+        ... except WorkerError as e:
+        ...     print(e.rank, e.exc_type, str(e).splitlines()[0])
+        1 ValueError rank 1 raised ValueError: rank 1 refuses
     """
 
     def __init__(self, rank: int, message: str, *, exc_type: str | None = None,
@@ -125,16 +136,22 @@ def _ephemeral_range() -> tuple[int, int]:
 # The child side
 # --------------------------------------------------------------------------------------------
 
-def _die_with_parent() -> None:
-    """Linux only: have the kernel kill this child if the parent (the notebook kernel) dies."""
+def _linux_child_setup(name: str) -> None:
+    """Linux only: name this process and have it die with its parent.
+
+    1) ``PR_SET_NAME``: the process shows as ``name`` (at most 15 bytes) in ``ps -e``, ``top`` and
+       ``pgrep gpucourse-rank``, instead of as one more copy of the kernel's ``python``;
+    2) ``PR_SET_PDEATHSIG``: the kernel kills this child if the parent (the notebook kernel) dies.
+    """
     if not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except OSError:  # pragma: no cover - exotic libc
         pass
 
@@ -163,7 +180,7 @@ def _child_main(fn, rank, world_size, args, backend, init_pg, port_conn, timeout
     ``("error", exception type name, traceback text)`` on ``conn``.
     """
     os.setpgid(0, 0)  # own process group: the parent can kill us *and* whatever we start
-    _die_with_parent()
+    _linux_child_setup(f"gpucourse-rank{rank}")
     stdout_path, stderr_path, stack_path = paths
     _redirect_output(stdout_path, stderr_path)
     faulthandler.enable(sys.stderr)  # a segfault still leaves a Python stack in the rank's output

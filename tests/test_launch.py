@@ -118,6 +118,16 @@ def test_each_rank_uses_one_intra_op_thread():
     assert gc.launch(lambda r, w: torch.get_num_threads(), 2) == [1, 1]
 
 
+def _own_name(rank, world_size):
+    with open("/proc/self/comm") as f:
+        return f.read().strip()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process names via prctl: Linux")
+def test_ranks_are_named_so_ps_and_pgrep_find_them():
+    assert gc.launch(_own_name, 2, init_process_group=False) == ["gpucourse-rank0", "gpucourse-rank1"]
+
+
 # --- failures --------------------------------------------------------------------------------
 
 def _fails_on_rank_one(rank, world_size):
