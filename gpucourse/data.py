@@ -129,6 +129,19 @@ class SyntheticCIFAR10(Dataset):
 def load_cifar10(root: str | os.PathLike = "data", train: bool = True, transform=None):
     """The real CIFAR-10 from ``root`` through torchvision — never downloaded by the course.
 
+    Args:
+        root: the folder holding ``cifar-10-batches-py``.
+        train: the 50,000 training images, or the 10,000 test images.
+        transform: a torchvision transform applied to each PIL image.
+
+    Example::
+
+        >>> try:
+        ...     load_cifar10("/nonexistent")
+        ... except FileNotFoundError as e:
+        ...     print(str(e).split(" (")[0])
+        CIFAR-10 was not found under '/nonexistent'
+
     Raises:
         FileNotFoundError: CIFAR-10 is not under ``root``; the message says how to get it.
     """

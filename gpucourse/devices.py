@@ -99,7 +99,15 @@ def virtual_devices(n: int) -> list[torch.device]:
 
 
 def cpu_cores() -> int:
-    """Cores this process may run on (respects taskset/cgroups affinity where the OS tells)."""
+    """Cores this process may run on (respects taskset/cgroups affinity where the OS tells).
+
+    The course sizes its demos with it: on 2 cores, 2 workers is the most that can run at once.
+
+    Example::
+
+        >>> cpu_cores() >= 1
+        True
+    """
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1

@@ -12,8 +12,10 @@ def test_measure_counts_warmup_and_repeats():
 
 
 def test_measure_really_measures():
+    # time.sleep never returns early, so every timing is at least the sleep (no upper bound:
+    # a busy machine may add any delay, and tests never assert on speed)
     t = gc.measure(lambda: time.sleep(0.02), repeats=3, warmup=0)
-    assert 0.015 < t.median < 0.5
+    assert len(t.times) == 3 and min(t.times) >= 0.0195
 
 
 def test_speedup_is_ratio_of_medians():
@@ -23,9 +25,11 @@ def test_speedup_is_ratio_of_medians():
     assert "2.00x" in gc.format_comparison(base, fast)
 
 
-@pytest.mark.parametrize("kw", [dict(repeats=0), dict(warmup=-1), dict(repeats=1.5)])
-def test_measure_bad_args(kw):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("kw, exc", [(dict(repeats=0), ValueError), (dict(warmup=-1), ValueError),
+                                     (dict(repeats=1.5), TypeError), (dict(warmup=True), TypeError)])
+def test_measure_bad_args(kw, exc):
+    name = next(iter(kw))
+    with pytest.raises(exc, match=name):
         gc.measure(lambda: None, **kw)
 
 
