@@ -35,7 +35,8 @@ def main():
     ok = t_launch.median < 1.5 and ratio >= 3
     print(f"launch: {t_launch.median:.3f} s per 2-rank job, {ratio:.1f}x faster than spawn "
           f"(target < 1.5 s and >= 3x): {'MET' if ok else 'NOT MET'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
