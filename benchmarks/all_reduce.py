@@ -9,6 +9,7 @@ slowest rank's. Throughput ratio = gloo's median time / ours.
 """
 
 import argparse
+import sys
 
 import gpucourse as gc
 
@@ -44,4 +45,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -58,7 +58,7 @@ def main() -> int:
     met = worst <= TOLERANCE
     print(f"largest deviation from the model: {worst:.0%} (target <= {TOLERANCE:.0%} for sizes "
           f">= 1 MB): {'MET' if met else 'NOT MET'}")
-    return 0
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

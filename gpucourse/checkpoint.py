@@ -55,8 +55,10 @@ def _atomic_save(obj, path: str) -> None:
 def save_checkpoint(obj, path: str | os.PathLike, *, group=None) -> None:
     """Rank 0 writes ``obj`` to ``path`` atomically; every rank then waits until it is on disk.
 
-    A collective: **every** rank must call it (it ends with a barrier). Outside a process group it
-    simply saves.
+    A collective: **every** rank must call it (it ends with rank 0 broadcasting whether the save
+    succeeded, which is also the barrier). If rank 0's save raises, rank 0 re-raises that error and
+    every other rank raises a ``RuntimeError`` at once — nobody waits for the group's timeout.
+    Outside a process group it simply saves.
 
     Args:
         obj: what to save, usually ``{"model": model.state_dict(), "optimizer": ..., "epoch": ...}``.
@@ -91,9 +93,25 @@ def save_checkpoint(obj, path: str | os.PathLike, *, group=None) -> None:
     if not _in_group():
         _atomic_save(obj, path)
         return
+    error = None
     if dist.get_rank(group) == 0:
-        _atomic_save(obj, path)
-    dist.barrier(group=group)                      # nobody reads (or exits) before the file is complete
+        try:
+            _atomic_save(obj, path)
+        except Exception as exc:  # noqa: BLE001 -- told to the others below, instead of leaving them
+            error = exc                            # in a barrier until the group's timeout
+    # rank 0's verdict, sent after the file is complete: it doubles as the barrier (nobody reads,
+    # or exits, before the file is on disk) and lets a failed save stop every rank at once
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    ok = torch.tensor([0 if error else 1], dtype=torch.int32, device=device)
+    src = 0 if group is None else dist.get_global_rank(group, 0)
+    dist.broadcast(ok, src=src, group=group)
+    if error is not None:
+        raise error
+    if not ok.item():
+        raise RuntimeError(f"rank 0 failed to save the checkpoint {path!r} (its own traceback says "
+                           "why: disk full, no permission, an object torch.save cannot pickle, ...); "
+                           "every rank stops here. Fix the cause and save again.")
 
 
 def _default_map_location():

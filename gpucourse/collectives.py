@@ -122,12 +122,23 @@ def _segments(chunk: torch.Tensor, segment_elems: int) -> list[torch.Tensor]:
 
 
 def ring_all_reduce(tensor: torch.Tensor, group=None, *,
-                    segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> torch.Tensor:
+                    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                    _batched: bool | None = None) -> torch.Tensor:
     """Sum ``tensor`` over all ranks of ``group``, in place, with a pipelined ring of send/recv.
 
     Same result as ``dist.all_reduce(tensor)`` (up to floating-point rounding order), built only
     from ``dist.isend``/``dist.irecv``: a reduce-scatter and an all-gather around the ring, see
     :func:`ring_schedule`. Every rank must call it with a tensor of the same shape and dtype.
+
+    Two transports for the same plan:
+
+    * **gloo** — receives are posted one step ahead with ``irecv`` and messages are kept apart by
+      their tags, so the next step's data can arrive while this step's is being added (measured
+      fastest here; see ``benchmarks/all_reduce.py``).
+    * **every other backend (NCCL)** — NCCL ignores tags and matches the messages between two ranks
+      in posting order; an unbatched receive posted before the matching send can deadlock, above
+      all at 2 ranks where the left and right neighbour are the same process. There each send is
+      posted together with its receive in one ``dist.batch_isend_irecv`` (a NCCL group).
 
     Args:
         tensor: any shape (also 0-d, empty, non-contiguous), any numeric dtype (not bool); it is
@@ -160,6 +171,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
     rank, p, global_rank = _group_info(group)
     if p == 1 or tensor.numel() == 0:
         return tensor
+    batched = dist.get_backend(group) != "gloo" if _batched is None else _batched
     contiguous = tensor if tensor.is_contiguous() else tensor.contiguous()
     work = _flat_real_view(contiguous)                      # (N,) a view of `contiguous`
     right, left = global_rank((rank + 1) % p), global_rank((rank - 1) % p)
@@ -177,30 +189,74 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
     # (chunk 0: tensor_split puts the extra elements first)
     bufs = [[torch.empty_like(s) for s in segs[0]] for _ in range(2)]
 
-    def post_receives(step: int) -> list:
-        recv_chunk = plan[step][3]
-        if step < p - 1:    # reduce-scatter: into a buffer, added afterwards
-            targets = [bufs[step % 2][k][: s.numel()] for k, s in enumerate(segs[recv_chunk])]
-        else:               # all-gather: straight into place
-            targets = segs[recv_chunk]
-        return [dist.irecv(t, left, group=group, tag=tag(step, k)) for k, t in enumerate(targets)]
+    def exchange(step: int, k: int):
+        """Post segment k of this step's send *and* receive as one batch; return the receive's work.
 
-    sends = [dist.isend(s, right, group=group, tag=tag(0, k)) for k, s in enumerate(segs[plan[0][2]])]
-    pending = post_receives(0)
-    for step in range(steps):
-        arriving = pending
-        if step + 1 < steps:
-            pending = post_receives(step + 1)   # look ahead: the next step's messages may come early
-        for k, segment in enumerate(segs[plan[step][3]]):
-            arriving[k].wait()
-            if step < p - 1:
-                segment.add_(bufs[step % 2][k][: segment.numel()])
-            # the chunk received at this step is the one sent at the next: forward this piece now,
-            # while the following pieces are still arriving (the pipelining)
+        Posting both halves of a step together (``batch_isend_irecv``, a NCCL group) is what makes
+        this safe on NCCL, which ignores tags and matches a pair's messages in posting order: an
+        unbatched receive posted before the matching send deadlocks there (at 2 ranks the left
+        and right neighbour are the same process). On gloo the batch is simply isend + irecv.
+        """
+        _, _, send_chunk, recv_chunk = plan[step]
+        ops = []
+        if k < len(segs[send_chunk]):
+            ops.append(dist.P2POp(dist.isend, segs[send_chunk][k], right, group, tag(step, k)))
+        if k < len(segs[recv_chunk]):
+            target = (bufs[step % 2][k][: segs[recv_chunk][k].numel()] if step < p - 1
+                      else segs[recv_chunk][k])          # all-gather: straight into place
+            ops.append(dist.P2POp(dist.irecv, target, left, group, tag(step, k)))
+        works = dist.batch_isend_irecv(ops) if ops else []
+        if ops and ops[-1].op is dist.irecv:
+            # gloo: [isend, irecv]; NCCL: one work for the whole group. The caller waits for the
+            # returned one exactly once (a second wait on a finished gloo irecv never returns).
+            outstanding.extend(works[:-1])
+            return works[-1]
+        outstanding.extend(works)
+        return None
+
+    if not batched:     # gloo: receives posted one step ahead, tags keep the messages apart
+        def post_receives(step: int) -> list:
+            recv_chunk = plan[step][3]
+            if step < p - 1:    # reduce-scatter: into a buffer, added afterwards
+                targets = [bufs[step % 2][k][: s.numel()] for k, s in enumerate(segs[recv_chunk])]
+            else:               # all-gather: straight into place
+                targets = segs[recv_chunk]
+            return [dist.irecv(t, left, group=group, tag=tag(step, k)) for k, t in enumerate(targets)]
+
+        sends = [dist.isend(s, right, group=group, tag=tag(0, k)) for k, s in enumerate(segs[plan[0][2]])]
+        pending = post_receives(0)
+        for step in range(steps):
+            arriving = pending
             if step + 1 < steps:
-                sends.append(dist.isend(segment, right, group=group, tag=tag(step + 1, k)))
-    for w in sends:
-        w.wait()
+                pending = post_receives(step + 1)   # look ahead: the next step's messages may come early
+            for k, segment in enumerate(segs[plan[step][3]]):
+                arriving[k].wait()
+                if step < p - 1:
+                    segment.add_(bufs[step % 2][k][: segment.numel()])
+                # the chunk received at this step is the one sent at the next: forward this piece now,
+                # while the following pieces are still arriving (the pipelining)
+                if step + 1 < steps:
+                    sends.append(dist.isend(segment, right, group=group, tag=tag(step + 1, k)))
+        for w in sends:
+            w.wait()
+    else:               # NCCL and others: every message in a send+receive batch
+        outstanding = []
+        arriving = [exchange(0, k) for k in range(per_step)]
+        for step in range(steps):
+            following = []
+            for k, segment in enumerate(segs[plan[step][3]]):
+                arriving[k].wait()
+                if step < p - 1:
+                    segment.add_(bufs[step % 2][k][: segment.numel()])
+                # the chunk received at this step is the one sent at the next: forward this piece now,
+                # while the following pieces are still arriving (the pipelining)
+                if step + 1 < steps:
+                    following.append(exchange(step + 1, k))
+            if step + 1 < steps:               # segments of the next step that this one did not carry
+                following += [exchange(step + 1, k) for k in range(len(following), per_step)]
+            arriving = following
+        for w in outstanding:
+            w.wait()
     if contiguous is not tensor:
         tensor.copy_(contiguous)
     return tensor

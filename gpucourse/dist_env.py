@@ -363,9 +363,14 @@ def _from_torchrun(r: _Reader, local_rank, nproc_per_node, nnodes) -> DistEnv:
 
 def _from_slurm(r: _Reader, local_rank, nproc_per_node, nnodes) -> DistEnv:
     e = r.environ
-    ntasks_name = "SLURM_NTASKS" if not r.missing(["SLURM_NTASKS"]) else "SLURM_NPROCS"
-    r.require(("SLURM_PROCID", "SLURM_LOCALID", ntasks_name, "SLURM_NODEID"),
-              "run the script with srun inside the allocation (sbatch alone starts one process)")
+    hint = "run the script with srun inside the allocation (sbatch alone starts one process)"
+    # the task count: SLURM_NTASKS, or its older alias SLURM_NPROCS — name both when neither is set
+    ntasks_name = next((n for n in ("SLURM_NTASKS", "SLURM_NPROCS") if not r.missing([n])), None)
+    missing = r.missing(["SLURM_PROCID", "SLURM_LOCALID"])
+    missing += ["SLURM_NTASKS (or SLURM_NPROCS)"] if ntasks_name is None else []
+    missing += r.missing(["SLURM_NODEID"])
+    if missing:
+        raise ValueError(f"{r.source} environment is missing {', '.join(missing)}; {hint}")
     rank, node, world_size = r.int("SLURM_PROCID"), r.int("SLURM_NODEID"), r.int(ntasks_name)
     local = _merge("local_rank", r.int("SLURM_LOCALID"), local_rank, "SLURM_LOCALID", "", "SLURM")
     # tasks on *this* node: SLURM_TASKS_PER_NODE lists every node ("2(x3),1")

@@ -377,12 +377,33 @@ def _read(path: str) -> str:
         return f.read().decode("utf-8", errors="replace")
 
 
+_RELAYED = re.compile(r"^\[rank (\d+)\] ?(.*)$")
+
+
 def _echo(results: list[NodeResult]) -> None:
+    """Print each node's output under its own heading, by rank.
+
+    A line is shown under the node of the process that *printed* it. ``gc.print_ordered`` gathers
+    every rank's text to rank 0, which prints it with its own ``[rank s]`` prefix: such a line is
+    shown as ``[rank s, printed by rank 0]``, and a node whose ranks printed nothing themselves
+    says so instead of showing an empty section.
+    """
     for res in results:
         status = {0: "ok", None: "stopped"}.get(res.returncode, f"exit code {res.returncode}")
         print(f"── node {res.node_rank} ({status})")
+        shown = 0
         for rank, lines in res.by_rank().items():
             for line in lines:
-                if line.strip():
+                if not line.strip():
+                    continue
+                shown += 1
+                relayed = _RELAYED.match(line) if rank >= 0 else None
+                if relayed and int(relayed.group(1)) != rank:
+                    print(f"   [rank {relayed.group(1)}, printed by rank {rank}] {relayed.group(2)}")
+                elif relayed:
+                    print(f"   [rank {rank}] {relayed.group(2)}")
+                else:
                     print(f"   [rank {rank}] {line}" if rank >= 0 else f"   {line}")
+        if not shown:
+            print("   (no output of its own: its ranks printed nothing, or only through rank 0)")
     sys.stdout.flush()

@@ -135,16 +135,6 @@ def make_loaders(args, rank, world_size):
     return sampler, train_loader, test_loader
 
 
-def save_checkpoint(state: dict, path: str, rank: int) -> None:
-    """Rank 0 writes to a temporary file and renames it (atomic), then everyone meets at a barrier."""
-    if rank == 0:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # a crash mid-write leaves the previous checkpoint intact
-    dist.barrier()  # nobody reads the file (or exits) before it is complete
-
-
 @torch.no_grad()
 def evaluate(model, loader, device) -> float:
     model.eval()
@@ -176,7 +166,8 @@ def main(argv=None) -> dict:
     start_epoch = 0
     if args.resume and args.checkpoint and os.path.exists(args.checkpoint):
         # map_location: tensors saved from rank 0's cuda:0 land on *this* rank's device
-        state = torch.load(args.checkpoint, map_location=device, weights_only=True)
+        # (gc.load_checkpoint: torch.load with weights_only=True — a checkpoint is data, not code)
+        state = gc.load_checkpoint(args.checkpoint, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch = state["epoch"] + 1
@@ -210,8 +201,10 @@ def main(argv=None) -> dict:
         say(f"epoch {epoch + 1}/{args.epochs}: mean loss of the last 20 steps "
                   f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")
         if args.checkpoint:
-            save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                             "epoch": epoch}, args.checkpoint, rank)
+            # every rank calls it: rank 0 writes atomically (temp file, fsync, rename), the others
+            # wait until the file is complete — and all stop at once if rank 0's save fails
+            gc.save_checkpoint({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                "epoch": epoch}, args.checkpoint)
         if stopped_early:
             say(f"time limit of {args.time_limit:g} s reached: stopping")
             break

@@ -105,5 +105,23 @@ def _save_only_on_rank0(rank, world_size, path):
 
 
 def test_saving_inside_if_rank_0_hangs_until_the_timeout(tmp_path):
-    with pytest.raises(TimeoutError, match="barrier"):
+    with pytest.raises(TimeoutError, match="in save_checkpoint"):
         gc.launch(_save_only_on_rank0, 2, args=(str(tmp_path / "c.pt"),), timeout=3)
+
+
+def _save_fails_on_rank0(rank, world_size, path):
+    try:
+        gc.save_checkpoint({"not a tensor": lambda: 0}, path)     # torch.save cannot pickle a lambda
+    except Exception as exc:  # noqa: BLE001 -- rank 0 and the others raise different types
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def test_a_failed_save_on_rank_0_reaches_every_rank_at_once(tmp_path):
+    path = str(tmp_path / "c.pt")
+    # well within the launch timeout: the others learn of the failure, not from the group's timeout
+    results = gc.launch(_save_fails_on_rank0, 3, args=(path,), timeout=30)
+    assert results[0] is not None and "lambda" in results[0][1]     # rank 0: torch.save's own error
+    for name, message in results[1:]:
+        assert name == "RuntimeError" and "rank 0 failed to save the checkpoint" in message
+    assert not os.path.exists(path) and os.listdir(tmp_path) == []  # no half-written file left

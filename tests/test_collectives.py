@@ -79,6 +79,86 @@ def test_ring_and_naive_equal_dist_all_reduce(world_size):
             assert torch.equal(mine[1], rank0[1]) and torch.equal(mine[2], rank0[2])
 
 
+# every collective a cheating ring could hide behind, in torch.distributed and in distributed_c10d
+COLLECTIVES = ["all_reduce", "all_reduce_coalesced", "reduce", "all_gather", "all_gather_into_tensor",
+               "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
+               "all_to_all", "all_to_all_single", "gather", "scatter"]
+PG_COLLECTIVES = ["allreduce", "allreduce_coalesced", "reduce", "allgather", "reduce_scatter",
+                  "broadcast", "alltoall", "alltoall_base", "gather", "scatter"]
+
+
+def _forbidden(name):
+    def call(*args, **kwargs):
+        raise AssertionError(f"ring_all_reduce must use send/recv only, but it called {name}()")
+    return call
+
+
+def _forbid_collectives():
+    """Inside a rank: make every collective raise (the 04.2 exercise check does the same)."""
+    import torch.distributed.distributed_c10d as c10d
+    for name in COLLECTIVES:
+        for module in (dist, c10d):
+            if hasattr(module, name):
+                setattr(module, name, _forbidden(f"dist.{name}"))
+    for name in PG_COLLECTIVES:
+        if hasattr(dist.ProcessGroup, name):
+            setattr(dist.ProcessGroup, name, _forbidden(f"ProcessGroup.{name}"))
+
+
+def _cheating_ring(tensor, group=None, **kwargs):
+    dist.all_reduce(tensor, group=group)
+    return tensor
+
+
+def _point_to_point_only(rank, world_size, mode):
+    """mode: "ring" (the backend's transport), "batched" (NCCL's transport, here on gloo), "cheat"."""
+    cases = [(1003, 256), (5, 8), (7, 8)]            # the last two: chunks of unequal segment counts
+    xs = [torch.randn(n, generator=torch.Generator().manual_seed(rank)) for n, _ in cases]
+    expected = [x.clone() for x in xs]
+    for e in expected:
+        dist.all_reduce(e)
+    _forbid_collectives()
+    for x, (_, seg) in zip(xs, cases):
+        if mode == "cheat":
+            _cheating_ring(x)
+        else:
+            gc.ring_all_reduce(x, segment_bytes=seg, _batched=(mode == "batched"))
+    return xs, expected
+
+
+@pytest.mark.parametrize("mode", ["ring", "batched"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ring_uses_point_to_point_only(world_size, mode):
+    results = gc.launch(_point_to_point_only, world_size, args=(mode,), timeout=60)
+    for got, expected in results:
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e)
+
+
+def test_a_ring_that_calls_a_collective_is_caught():
+    with pytest.raises(gc.WorkerError, match=r"send/recv only, but it called dist.all_reduce"):
+        gc.launch(_point_to_point_only, 2, args=("cheat",), timeout=60)
+
+
+def _on_cuda(rank, world_size):
+    x = torch.randn(10_007, generator=torch.Generator().manual_seed(rank)).cuda()
+    expected = x.clone()
+    dist.all_reduce(expected)
+    gc.ring_all_reduce(x, segment_bytes=4096)      # batched send/recv: must not deadlock on NCCL
+    return x.cpu(), expected.cpu()
+
+
+@pytest.mark.cuda
+@pytest.mark.multigpu
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ring_on_nccl_does_not_deadlock(world_size):
+    if torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs")
+    results = gc.launch(_on_cuda, world_size, backend="nccl", timeout=120)
+    for got, expected in results:
+        torch.testing.assert_close(got, expected)
+
+
 def _on_subgroup(rank, world_size):
     group = dist.new_group([1, 2, 3])            # every rank must create it, even non-members
     t = torch.full((5,), float(rank))

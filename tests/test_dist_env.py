@@ -152,6 +152,18 @@ def test_slurm_without_any_master_information_names_what_to_export():
         gc.dist_env_from({"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NODEID": "0"})
 
 
+def test_slurm_missing_task_count_names_the_variable_and_its_alias():
+    env = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    with pytest.raises(ValueError, match=r"missing SLURM_NTASKS \(or SLURM_NPROCS\);"):
+        gc.dist_env_from(env)
+    with pytest.raises(ValueError, match=r"missing SLURM_LOCALID, SLURM_NTASKS \(or SLURM_NPROCS\)"):
+        gc.dist_env_from({"SLURM_PROCID": "0", "SLURM_NODEID": "0"})
+    both = {**env, "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": "2", "MASTER_ADDR": "h",
+            "MASTER_PORT": "1"}
+    assert gc.dist_env_from({**both, "SLURM_NPROCS": "2"}).world_size == 2       # the alias works
+    assert gc.dist_env_from({**both, "SLURM_NTASKS": "2"}).world_size == 2
+
+
 @pytest.mark.parametrize("nodelist, hosts", [
     ("node[01-03,07]", ["node01", "node02", "node03", "node07"]),
     ("n[8-10]", ["n8", "n9", "n10"]),

@@ -128,3 +128,17 @@ def test_python_of_this_environment_is_used():
     cmd = gc.torchrun_command("t.py", nnodes=1, node_rank=0, nproc_per_node=1, master_addr="h",
                               master_port=1)
     assert cmd[0] == sys.executable
+
+
+def test_echo_labels_relayed_lines_and_silent_nodes(capsys):
+    from gpucourse.nodes import NodeResult, _echo, _group_lines
+    node0 = NodeResult(0, [["torchrun"]], 0,
+                       "[rank 0] hello\n[rank 0] [rank 0] mine\n[rank 0] [rank 1] relayed\n")
+    node1 = NodeResult(1, [["torchrun"]], 0, "")
+    for r in (node0, node1):
+        r.lines = _group_lines(r.stdout, None)
+    _echo([node0, node1])
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["── node 0 (ok)", "   [rank 0] hello", "   [rank 0] mine",
+                   "   [rank 1, printed by rank 0] relayed", "── node 1 (ok)",
+                   "   (no output of its own: its ranks printed nothing, or only through rank 0)"]
