@@ -12,6 +12,8 @@ steps. The script also reports how much CPU other programs used meanwhile: on a 
 busy neighbour makes the numbers meaningless.
 
     python benchmarks/pipeline.py      # targets: >= 1.5x throughput; bubble within 25% of 1/9
+
+Exit status: 0 when both targets are met, 1 when one is not (everything is printed either way).
 """
 
 import functools
