@@ -234,7 +234,8 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
                   inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None,
                   loss_fn: Callable = F.cross_entropy, total_samples: int | None = None,
                   dtype: torch.dtype = torch.float32,
-                  clock: Callable[[], float] = time.perf_counter) -> dict:
+                  clock: Callable[[], float] = time.perf_counter,
+                  check_neighbours: bool = True) -> dict:
     """Forward and backward of one batch on this process's stage, in the schedule's order.
 
     Args:
@@ -251,6 +252,11 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
             ``batch_size``; larger with data parallelism).
         dtype: dtype of activations and gradients on the wire.
         clock: the time source for the recorded events.
+        check_neighbours: first exchange what this stage was told with its neighbours and raise
+            on a mismatch (one small message each way, about a millisecond on loopback gloo).
+            Every stage must pass the same value; a training loop that calls ``pipeline_step``
+            with the same arguments every step needs it only on the first
+            (:func:`train_pipeline` does that).
 
     Returns:
         ``{"events": [TimelineEvent, ...], "loss": float or None (last stage), "peak_in_flight":
@@ -298,8 +304,9 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
         if value is not None and len(value) != batch_size:
             raise ValueError(f"{name} has {len(value)} samples, but batch_size is {batch_size}")
     total = total_samples or batch_size
-    _agree_with_neighbours(comm, schedule, batch_size=batch_size, total_samples=total,
-                           in_shape=in_shape, out_shape=out_shape, dtype=dtype)
+    if check_neighbours:
+        _agree_with_neighbours(comm, schedule, batch_size=batch_size, total_samples=total,
+                               in_shape=in_shape, out_shape=out_shape, dtype=dtype)
     xs = split_microbatches(inputs, m) if comm.is_first else None
     ts = split_microbatches(targets, m) if comm.is_last else None
     # the receives this stage will need, in order; keep `window` of them posted ahead
@@ -429,11 +436,11 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
     my_x = split_microbatches(inputs, dp_size)[dp_rank].to(device)
     my_y = split_microbatches(targets, dp_size)[dp_rank].to(device)
     losses, times, step_events, result = [], [], [], {}
-    for _ in range(steps):
+    for step in range(steps):
         dist.barrier()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        result = pipeline_step(stage, sched, comm, batch_size=len(my_x),
+        result = pipeline_step(stage, sched, comm, batch_size=len(my_x), check_neighbours=step == 0,
                                in_shape=shapes[pp_rank], out_shape=shapes[pp_rank + 1],
                                inputs=my_x if comm.is_first else None,
                                targets=my_y if comm.is_last else None, loss_fn=loss_fn,
