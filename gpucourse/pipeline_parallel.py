@@ -25,6 +25,7 @@ process (:func:`train_sequential`), whatever the schedule and however the batch 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -235,7 +236,7 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
                   loss_fn: Callable = F.cross_entropy, total_samples: int | None = None,
                   dtype: torch.dtype = torch.float32,
                   clock: Callable[[], float] = time.perf_counter,
-                  check_neighbours: bool = True) -> dict:
+                  check_neighbours: bool = True, measure_activations: bool = True) -> dict:
     """Forward and backward of one batch on this process's stage, in the schedule's order.
 
     Args:
@@ -257,11 +258,14 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
             Every stage must pass the same value; a training loop that calls ``pipeline_step``
             with the same arguments every step needs it only on the first
             (:func:`train_pipeline` does that).
+        measure_activations: count the bytes autograd saves (:class:`~gpucourse.SavedActivationMeter`);
+            its Python hook on every saved tensor costs a few per cent of the compute, so turn it
+            off when only the speed matters (``peak_activation_bytes`` is then ``None``).
 
     Returns:
         ``{"events": [TimelineEvent, ...], "loss": float or None (last stage), "peak_in_flight":
-        int, "peak_activation_bytes": int}`` (bytes autograd saved for the backward, parameters
-        not counted). Gradients are accumulated in ``stage``'s parameters.
+        int, "peak_activation_bytes": int or None}`` (bytes autograd saved for the backward,
+        parameters not counted). Gradients are accumulated in ``stage``'s parameters.
 
     Receives are posted ahead — as many as the stage can have micro-batches in flight, plus one —
     so a neighbour's message lands in its buffer the moment it is sent.
@@ -327,7 +331,8 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
     saved: dict[int, tuple] = {}       # micro-batch -> (stage input, stage output or loss)
     events, loss_sum, in_flight, peak, received = [], 0.0, 0, 0, 0
     post_ahead(window)
-    with SavedActivationMeter(ignore=stage.parameters()) as meter:
+    meter = SavedActivationMeter(ignore=stage.parameters()) if measure_activations else None
+    with meter or contextlib.nullcontext():
         for op in schedule.ops[s]:
             i = op.microbatch
             if op.kind == "F":
@@ -365,14 +370,15 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
             events.append(TimelineEvent(s, op.kind, i, start, end))
     comm.wait()
     return {"events": events, "loss": loss_sum if comm.is_last else None,
-            "peak_in_flight": peak, "peak_activation_bytes": meter.peak}
+            "peak_in_flight": peak, "peak_activation_bytes": meter.peak if meter else None}
 
 
 def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequential],
                    inputs: torch.Tensor, targets: torch.Tensor, *, schedule: str = "gpipe",
                    chunks: int = 4, steps: int = 1, lr: float = 0.1,
                    loss_fn: Callable = F.cross_entropy, dp_size: int = 1,
-                   balance: list[int] | None = None, device: str | None = None) -> dict:
+                   balance: list[int] | None = None, device: str | None = None,
+                   measure_activations: bool = True) -> dict:
     """The per-rank function: train ``steps`` SGD steps of the pipelined model (see the module doc).
 
     Args:
@@ -388,6 +394,8 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
         balance: layers per stage (default: as even as possible).
         device: where this rank's stage runs; default ``"cpu"`` with gloo, ``cuda:<local rank>``
             with NCCL.
+        measure_activations: measure ``peak_activation_bytes`` (see :func:`pipeline_step`; off for
+            speed measurements, then ``None``).
 
     Returns:
         a dict: ``stage``, ``dp_rank``, ``state_dict`` (this stage's parameters after the steps, keyed
@@ -444,7 +452,8 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
                                in_shape=shapes[pp_rank], out_shape=shapes[pp_rank + 1],
                                inputs=my_x if comm.is_first else None,
                                targets=my_y if comm.is_last else None, loss_fn=loss_fn,
-                               total_samples=len(targets), dtype=inputs.dtype)
+                               total_samples=len(targets), dtype=inputs.dtype,
+                               measure_activations=measure_activations)
         if dp_group is not None:
             for p in stage.parameters():
                 dist.all_reduce(p.grad, group=dp_group)   # losses were pre-weighted: sum = mean
@@ -526,12 +535,12 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
                  *, num_stages: int = 2, schedule: str = "gpipe", chunks: int = 4, steps: int = 1,
                  lr: float = 0.1, loss_fn: Callable = F.cross_entropy, dp_size: int = 1,
                  balance: list[int] | None = None, backend: str = "gloo",
-                 timeout: float = 120.0) -> PipelineRun:
+                 timeout: float = 120.0, measure_activations: bool = True) -> PipelineRun:
     """Launch :func:`train_pipeline` in ``num_stages × dp_size`` processes and gather the results.
 
     Args:
-        model_fn, inputs, targets, schedule, chunks, steps, lr, loss_fn, dp_size, balance: see
-            :func:`train_pipeline`.
+        model_fn, inputs, targets, schedule, chunks, steps, lr, loss_fn, dp_size, balance,
+            measure_activations: see :func:`train_pipeline`.
         num_stages: pipeline stages (processes per pipeline).
         backend: ``"gloo"`` (CPU processes) or ``"nccl"`` (one CUDA GPU per process).
         timeout: seconds for the whole run (see :func:`~gpucourse.launch`).
@@ -570,7 +579,7 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
     fn = functools.partial(train_pipeline, model_fn=model_fn, inputs=inputs, targets=targets,
                            schedule=schedule, chunks=chunks, steps=steps, lr=lr, loss_fn=loss_fn,
-                           dp_size=dp_size, balance=balance)
+                           dp_size=dp_size, balance=balance, measure_activations=measure_activations)
     out = launch(fn, num_stages * dp_size, backend=backend, timeout=timeout)
     first = [r for r in out if r["dp_rank"] == 0]
     state: dict = {}

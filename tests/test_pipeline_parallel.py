@@ -61,6 +61,15 @@ def test_one_f_one_b_holds_fewer_activations_than_gpipe():
     assert ofob.peak_activation_bytes[1] < 0.3 * gpipe.peak_activation_bytes[1]
 
 
+def test_without_activation_meter_same_training_and_no_bytes():
+    x, y = _data(12)
+    run = gc.run_pipeline(make_model, x, y, num_stages=2, schedule="1f1b", chunks=4, steps=2, lr=0.5,
+                          measure_activations=False)
+    ref = gc.train_sequential(make_model, x, y, steps=2, lr=0.5)
+    _assert_same_params(run.state_dict, ref["state_dict"], atol=1e-5, rtol=1e-5)
+    assert run.peak_activation_bytes == [None, None] and run.peak_in_flight == [2, 1]
+
+
 def test_data_parallel_times_pipeline_parallel_grid():
     x, y = _data(18)
     run = gc.run_pipeline(make_model, x, y, num_stages=2, dp_size=2, schedule="1f1b", chunks=3,
