@@ -11,9 +11,12 @@ bf16) — those ratios are printed for information, the target is the CPU one.
 
     python benchmarks/mixed_precision.py             # target: MLP bf16 >= 2x fp32 on 1 CPU thread
     python benchmarks/mixed_precision.py --threads 2
+
+Exit status: 0 when the target is met, 1 when it is not (everything is printed either way).
 """
 
 import argparse
+import sys
 
 import torch
 
@@ -71,7 +74,8 @@ def main():
           f"{'MET' if met else 'NOT MET'}")
     if not met and not bf16_cpu_flags():
         print("  (no bf16 instructions found on this CPU; the target assumes AMX or AVX-512-bf16)")
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

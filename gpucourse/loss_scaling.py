@@ -184,8 +184,9 @@ class LossScaler:
         # 1/S computed in float64, then rounded to float32 (what GradScaler does: exact for powers of 2)
         inv_scale = scale.double().reciprocal().float()
         found_inf = False
+        grads = _grads_of(optimizer)
         with torch.no_grad():
-            for grad in _grads_of(optimizer):
+            for grad in grads:
                 if grad.dtype == torch.float16:
                     raise ValueError("unscale_() got float16 gradients: the parameters themselves are "
                                      "float16. Keep the parameters (master weights) in float32 and let "
@@ -194,6 +195,7 @@ class LossScaler:
                 found_inf |= not bool(torch.isfinite(values).all())   # check before multiplying
                 values.mul_(inv_scale.to(values.device))
         state["found_inf"] = found_inf
+        state["checked"] = bool(grads)      # GradScaler records a check only where there are grads
         state["stage"] = _Stage.UNSCALED
 
     # --- 3) step -------------------------------------------------------------------------------
@@ -214,6 +216,12 @@ class LossScaler:
                                "scaler.update() at the end of every iteration.")
         if state["stage"] is _Stage.READY:
             self.unscale_(optimizer)
+        if not state["checked"]:    # like GradScaler: "No inf checks were recorded for this optimizer."
+            raise RuntimeError(
+                "No inf checks were recorded for this optimizer: none of its parameters has a .grad. "
+                "Call scaler.scale(loss).backward() before scaler.step(optimizer), and make sure the "
+                "loss depends on the parameters this optimizer updates (requires_grad=True, not "
+                "frozen, not detached).")
         result = None if state["found_inf"] else optimizer.step(*args, **kwargs)
         state["stage"] = _Stage.STEPPED
         return result
@@ -230,10 +238,12 @@ class LossScaler:
                 raise ValueError(f"new_scale must be a positive number, got {new_scale!r}")
             scale.fill_(float(value))
         else:
-            checked = [s for s in self._per_optimizer.values() if s["stage"] is not _Stage.READY]
+            checked = [s for s in self._per_optimizer.values()
+                       if s["stage"] is not _Stage.READY and s.get("checked")]
             if not checked:
                 raise RuntimeError("update() found no inf/NaN checks in this iteration. Call "
-                                   "scaler.step(optimizer) (or scaler.unscale_(optimizer)) before update().")
+                                   "scaler.step(optimizer) (or scaler.unscale_(optimizer)) before update(), "
+                                   "on an optimizer whose parameters received gradients.")
             found_inf = any(s["found_inf"] for s in checked)
             value, self._growth_tracker = update_scale(
                 scale.item(), self._growth_tracker, found_inf, growth_factor=self._growth_factor,

@@ -24,6 +24,7 @@ log of every send and receive.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import torch
@@ -32,8 +33,11 @@ import torch.distributed as dist
 __all__ = ["PipelineComm"]
 
 
+_HELLO_TAG, _HELLO_BYTES = 0, 2048     # the greeting of exchange_with_neighbours
+
+
 def _tag(kind: str, microbatch: int) -> int:
-    return 2 * microbatch + (0 if kind == "activation" else 1)
+    return 1 + 2 * microbatch + (0 if kind == "activation" else 1)
 
 
 class PipelineComm:
@@ -118,6 +122,55 @@ class PipelineComm:
         work.wait()
         self._log(f"recv {what} mb {microbatch} {tuple(buffer.shape)} <- stage {stage}")
         return buffer
+
+    def exchange_with_neighbours(self, to_prev: dict | None, to_next: dict | None
+                                 ) -> tuple[dict | None, dict | None]:
+        """Send a small JSON-able dict to each neighbour; return what they sent (previous, next).
+
+        :func:`~gpucourse.pipeline_step` uses it to check, before any activation moves, that the
+        neighbours run the same schedule on the same micro-batches — otherwise a receive that no send
+        matches would wait until the launch timeout. Both neighbours must call it.
+
+        Args:
+            to_prev: for the previous stage (ignored on the first stage).
+            to_next: for the next stage (ignored on the last stage).
+
+        Example (two processes)::
+
+            >>> import gpucourse as gc
+            >>> def hello(rank, world_size):
+            ...     return PipelineComm().exchange_with_neighbours({"from": rank}, {"from": rank})
+            >>> gc.launch(hello, 2)
+            [(None, {'from': 1}), ({'from': 0}, None)]
+
+        .. warning::
+            A neighbour that never calls it (or crashed before) leaves this call waiting until the
+            launch timeout, like any receive.
+        """
+        sends, recvs = [], {}
+        for name, message, stage, present in (("prev", to_prev, self.stage - 1, not self.is_first),
+                                               ("next", to_next, self.stage + 1, not self.is_last)):
+            if not present:
+                continue
+            data = json.dumps(message).encode()
+            if len(data) > _HELLO_BYTES - 8:
+                raise ValueError(f"the message for stage {stage} is {len(data)} bytes as JSON; "
+                                 f"at most {_HELLO_BYTES - 8} fit")
+            out = torch.zeros(_HELLO_BYTES, dtype=torch.uint8)
+            out[:8] = torch.tensor(list(len(data).to_bytes(8, "little")), dtype=torch.uint8)
+            out[8:8 + len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+            out = out.to(self.device)
+            sends.append((dist.isend(out, self.ranks[stage], tag=_HELLO_TAG), out))
+            buffer = torch.empty(_HELLO_BYTES, dtype=torch.uint8, device=self.device)
+            recvs[name] = (dist.irecv(buffer, self.ranks[stage], tag=_HELLO_TAG), buffer)
+        got: dict = {"prev": None, "next": None}
+        for name, (work, buffer) in recvs.items():
+            work.wait()
+            raw = bytes(buffer.cpu().tolist())
+            got[name] = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")].decode())
+        for work, _ in sends:
+            work.wait()
+        return got["prev"], got["next"]
 
     def send_forward(self, activation: torch.Tensor, microbatch: int) -> None:
         """Hand this stage's output for ``microbatch`` to the next stage (non-blocking)."""

@@ -25,7 +25,9 @@ process (:func:`train_sequential`), whatever the schedule and however the batch 
 
 from __future__ import annotations
 
+import contextlib
 import time
+import zlib
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
@@ -37,7 +39,7 @@ from torch import nn
 from .activation_memory import SavedActivationMeter
 from .model_split import split_sequential
 from .parallel_grid import ParallelGrid
-from .pipeline import split_microbatches
+from .pipeline import _check_chunks, split_microbatches
 from .pipeline_comm import PipelineComm
 from .pipeline_schedule import (PipelineSchedule, Timeline, TimelineEvent, gpipe_schedule,
                                 one_f_one_b_schedule)
@@ -84,15 +86,101 @@ def make_schedule(schedule: str | PipelineSchedule, num_stages: int, chunks: int
 def microbatch_sizes(batch_size: int, chunks: int) -> list[int]:
     """Sizes of :func:`~gpucourse.split_microbatches`'s pieces, without the batch.
 
+    Args:
+        batch_size: samples in the batch, an int >= 1.
+        chunks: micro-batches, an int with ``1 <= chunks <= batch_size``.
+
     Example::
 
         >>> microbatch_sizes(10, 4)
         [3, 3, 2, 2]
+        >>> microbatch_sizes(10, 0)
+        Traceback (most recent call last):
+        ...
+        ValueError: chunks must be >= 1 (the number of micro-batches), got 0
+
+    .. warning::
+        Every stage of a pipeline computes these sizes itself (to allocate its receive buffers), so
+        every stage must be given the same ``batch_size`` and ``chunks``.
     """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__} {batch_size!r}")
+    _check_chunks(chunks)
     if chunks > batch_size:
         raise ValueError(f"a batch of {batch_size} samples cannot be cut into {chunks} micro-batches; "
                          f"use chunks <= {batch_size}")
     return [batch_size // chunks + (1 if i < batch_size % chunks else 0) for i in range(chunks)]
+
+
+def _check_int_arg(name: str, value, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+
+
+def _check_pipeline_args(model: nn.Sequential, inputs: torch.Tensor, targets: torch.Tensor, *,
+                        num_stages: int, schedule, chunks: int, steps: int = 1, dp_size: int = 1,
+                        balance=None) -> PipelineSchedule:
+    """Check a pipeline's arguments before any process starts; return the schedule.
+
+    :func:`run_pipeline` calls it in the parent (so a mistake is a ``ValueError``/``TypeError``
+    there, not a failure in every rank) and :func:`train_pipeline` in each rank.
+
+    Args:
+        model: the whole model (``model_fn()``), an ``nn.Sequential``.
+        inputs, targets: the batch and its labels (same length).
+        num_stages: pipeline stages; at most the number of layers.
+        schedule: ``"gpipe"``, ``"1f1b"`` or a :class:`PipelineSchedule` of that size.
+        chunks: micro-batches per batch, ``1 <= chunks <= `` each pipeline's share of the batch.
+        steps: SGD steps, >= 1.
+        dp_size: pipelines side by side, >= 1.
+        balance: layers per stage, or ``None``.
+
+    Example::
+
+        >>> import gpucourse as gc
+        >>> x, y = torch.randn(6, 4), torch.randint(0, 2, (6,))
+        >>> sched = _check_pipeline_args(gc.MLP(4, 8, 2), x, y, num_stages=2, schedule="gpipe", chunks=3)
+        >>> sched.name, sched.num_stages, sched.num_microbatches
+        ('GPipe', 2, 3)
+        >>> _check_pipeline_args(gc.MLP(4, 8, 2), x, y, num_stages=4, schedule="gpipe", chunks=3)
+        Traceback (most recent call last):
+        ...
+        ValueError: num_stages=4: cannot cut 3 layers into 4 stages: every stage needs at least one layer
+
+    .. warning::
+        It checks the arguments, not the model: a layer whose input shape does not fit the previous
+        layer's output still fails inside the ranks.
+    """
+    _check_int_arg("num_stages", num_stages)
+    _check_int_arg("dp_size", dp_size)
+    _check_int_arg("steps", steps)
+    _check_chunks(chunks)
+    for name, value in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+        if value.dim() == 0:
+            raise ValueError(f"{name} must have a batch dimension, got a 0-d tensor")
+    if len(inputs) != len(targets):
+        raise ValueError(f"inputs has {len(inputs)} samples but targets has {len(targets)}")
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"model_fn() must return an nn.Sequential (a chain of layers), got "
+                        f"{type(model).__name__}")
+    try:
+        split_sequential(model, num_stages, balance=balance)
+    except ValueError as e:
+        raise ValueError(f"num_stages={num_stages}" + (f", balance={list(balance)}" if balance is not None
+                                                       else "") + f": {e}") from None
+    if balance is not None and len(list(balance)) != num_stages:
+        raise ValueError(f"balance {list(balance)} has {len(list(balance))} stages, but num_stages is "
+                         f"{num_stages}")
+    share = len(inputs) // dp_size          # the smallest pipeline's batch
+    if share < chunks:
+        per = f" ({dp_size} pipelines get {share} or more each)" if dp_size > 1 else ""
+        raise ValueError(f"a batch of {len(inputs)} samples{per} cannot be cut into chunks={chunks} "
+                         f"micro-batches; use chunks <= {share} or a larger batch")
+    return make_schedule(schedule, num_stages, chunks)
 
 
 def boundary_shapes(stages, sample: torch.Tensor) -> list[tuple[int, ...]]:
@@ -113,12 +201,42 @@ def boundary_shapes(stages, sample: torch.Tensor) -> list[tuple[int, ...]]:
     return shapes
 
 
+def _agree_with_neighbours(comm: PipelineComm, schedule: PipelineSchedule, *, batch_size: int,
+                           total_samples: int, in_shape, out_shape, dtype) -> None:
+    """Exchange what each stage was told with its neighbours; raise if they differ.
+
+    Stages given different schedules, micro-batch counts or batch sizes would post receives that no
+    send matches and wait forever; one small message each way turns that into a clear error.
+    """
+    mine = {"schedule": schedule.name, "operations": zlib.crc32(str(schedule).encode()),
+            "stages": schedule.num_stages, "micro-batches": schedule.num_microbatches,
+            "batch_size": batch_size, "total_samples": total_samples, "dtype": str(dtype)}
+    in_shape, out_shape = [int(d) for d in in_shape], [int(d) for d in out_shape]
+    prev, nxt = comm.exchange_with_neighbours({**mine, "boundary shape": in_shape},
+                                              {**mine, "boundary shape": out_shape})
+    for other, stage, boundary in ((prev, comm.stage - 1, in_shape), (nxt, comm.stage + 1, out_shape)):
+        if other is None:
+            continue
+        ours = {**mine, "boundary shape": boundary}
+        diff = [f"{k} {ours[k]!r} here, {other.get(k)!r} there" for k in ours
+                if k != "operations" and ours[k] != other.get(k)]
+        if not diff and ours["operations"] != other.get("operations"):
+            diff = [f"schedules both named {schedule.name!r} order their operations differently"]
+        if diff:
+            raise RuntimeError(
+                f"stage {comm.stage} and stage {stage} were given different pipelines: "
+                + "; ".join(diff) + ". Call pipeline_step on every stage with the same schedule "
+                "(name and micro-batches), batch_size, total_samples and dtype, and with in_shape equal "
+                "to the previous stage's out_shape")
+
+
 def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineComm, *,
                   batch_size: int, in_shape: tuple = (), out_shape: tuple = (),
                   inputs: torch.Tensor | None = None, targets: torch.Tensor | None = None,
                   loss_fn: Callable = F.cross_entropy, total_samples: int | None = None,
                   dtype: torch.dtype = torch.float32,
-                  clock: Callable[[], float] = time.perf_counter) -> dict:
+                  clock: Callable[[], float] = time.perf_counter,
+                  check_neighbours: bool = True, measure_activations: bool = True) -> dict:
     """Forward and backward of one batch on this process's stage, in the schedule's order.
 
     Args:
@@ -135,11 +253,19 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
             ``batch_size``; larger with data parallelism).
         dtype: dtype of activations and gradients on the wire.
         clock: the time source for the recorded events.
+        check_neighbours: first exchange what this stage was told with its neighbours and raise
+            on a mismatch (one small message each way, about a millisecond on loopback gloo).
+            Every stage must pass the same value; a training loop that calls ``pipeline_step``
+            with the same arguments every step needs it only on the first
+            (:func:`train_pipeline` does that).
+        measure_activations: count the bytes autograd saves (:class:`~gpucourse.SavedActivationMeter`);
+            its Python hook on every saved tensor costs a few per cent of the compute, so turn it
+            off when only the speed matters (``peak_activation_bytes`` is then ``None``).
 
     Returns:
         ``{"events": [TimelineEvent, ...], "loss": float or None (last stage), "peak_in_flight":
-        int, "peak_activation_bytes": int}`` (bytes autograd saved for the backward, parameters
-        not counted). Gradients are accumulated in ``stage``'s parameters.
+        int, "peak_activation_bytes": int or None}`` (bytes autograd saved for the backward,
+        parameters not counted). Gradients are accumulated in ``stage``'s parameters.
 
     Receives are posted ahead — as many as the stage can have micro-batches in flight, plus one —
     so a neighbour's message lands in its buffer the moment it is sent.
@@ -157,10 +283,19 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
         >>> gc.launch(one_step, 2)
         [(['F0', 'F1', 'F2', 'B0', 'B1', 'B2'], 3), (['F0', 'F1', 'F2', 'B0', 'B1', 'B2'], 3)]
 
+    Raises:
+        RuntimeError: when a neighbouring stage was given another schedule, number of
+            micro-batches, batch size, dtype or boundary shape (checked with one small message
+            each way before any activation moves).
+
     .. warning::
-        Every stage must run the same schedule; a receive that no send matches waits until the
-        launch timeout.
+        Every stage must run the same schedule. Mismatches in what the stages were *told* are
+        caught; a neighbour that never calls ``pipeline_step`` still leaves this stage waiting until
+        the launch timeout.
     """
+    if not isinstance(schedule, PipelineSchedule):
+        raise TypeError(f"schedule must be a PipelineSchedule (gc.make_schedule('gpipe', stages, chunks)), "
+                        f"got {type(schedule).__name__}")
     s, m = comm.stage, schedule.num_microbatches
     if schedule.num_stages != comm.num_stages:
         raise ValueError(f"schedule has {schedule.num_stages} stages, the pipeline has {comm.num_stages}")
@@ -169,9 +304,15 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
     if comm.is_last and targets is None:
         raise ValueError("the last stage needs targets=<the labels>")
     sizes = microbatch_sizes(batch_size, m)
+    for name, value in (("inputs", inputs), ("targets", targets)):
+        if value is not None and len(value) != batch_size:
+            raise ValueError(f"{name} has {len(value)} samples, but batch_size is {batch_size}")
+    total = total_samples or batch_size
+    if check_neighbours:
+        _agree_with_neighbours(comm, schedule, batch_size=batch_size, total_samples=total,
+                               in_shape=in_shape, out_shape=out_shape, dtype=dtype)
     xs = split_microbatches(inputs, m) if comm.is_first else None
     ts = split_microbatches(targets, m) if comm.is_last else None
-    total = total_samples or batch_size
     # the receives this stage will need, in order; keep `window` of them posted ahead
     needs = [op for op in schedule.ops[s]
              if (op.kind == "F" and not comm.is_first) or (op.kind == "B" and not comm.is_last)]
@@ -190,7 +331,8 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
     saved: dict[int, tuple] = {}       # micro-batch -> (stage input, stage output or loss)
     events, loss_sum, in_flight, peak, received = [], 0.0, 0, 0, 0
     post_ahead(window)
-    with SavedActivationMeter(ignore=stage.parameters()) as meter:
+    meter = SavedActivationMeter(ignore=stage.parameters()) if measure_activations else None
+    with meter or contextlib.nullcontext():
         for op in schedule.ops[s]:
             i = op.microbatch
             if op.kind == "F":
@@ -228,14 +370,15 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
             events.append(TimelineEvent(s, op.kind, i, start, end))
     comm.wait()
     return {"events": events, "loss": loss_sum if comm.is_last else None,
-            "peak_in_flight": peak, "peak_activation_bytes": meter.peak}
+            "peak_in_flight": peak, "peak_activation_bytes": meter.peak if meter else None}
 
 
 def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequential],
                    inputs: torch.Tensor, targets: torch.Tensor, *, schedule: str = "gpipe",
                    chunks: int = 4, steps: int = 1, lr: float = 0.1,
                    loss_fn: Callable = F.cross_entropy, dp_size: int = 1,
-                   balance: list[int] | None = None, device: str | None = None) -> dict:
+                   balance: list[int] | None = None, device: str | None = None,
+                   measure_activations: bool = True) -> dict:
     """The per-rank function: train ``steps`` SGD steps of the pipelined model (see the module doc).
 
     Args:
@@ -251,6 +394,8 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
         balance: layers per stage (default: as even as possible).
         device: where this rank's stage runs; default ``"cpu"`` with gloo, ``cuda:<local rank>``
             with NCCL.
+        measure_activations: measure ``peak_activation_bytes`` (see :func:`pipeline_step`; off for
+            speed measurements, then ``None``).
 
     Returns:
         a dict: ``stage``, ``dp_rank``, ``state_dict`` (this stage's parameters after the steps, keyed
@@ -272,8 +417,13 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
         The timeline's clock is ``time.perf_counter``, which all processes on one machine share;
         timestamps from different machines are not comparable.
     """
+    _check_int_arg("dp_size", dp_size)
     if world_size % dp_size:
         raise ValueError(f"world_size {world_size} is not divisible by dp_size {dp_size}")
+    model = model_fn()
+    sched = _check_pipeline_args(model, inputs, targets, num_stages=world_size // dp_size,
+                                 schedule=schedule, chunks=chunks, steps=steps, dp_size=dp_size,
+                                 balance=balance)
     grid = ParallelGrid(dp_size=dp_size, pp_size=world_size // dp_size)
     pp_rank, dp_rank = grid.coords(rank)
     dp_group = None
@@ -285,25 +435,25 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
     if device is None:
         on_gpu = dist.get_backend() == "nccl"
         device = f"cuda:{torch.cuda.current_device()}" if on_gpu else "cpu"
-    stages = split_sequential(model_fn(), grid.pp_size, balance=balance)
+    stages = split_sequential(model, grid.pp_size, balance=balance)
     shapes = boundary_shapes(stages, inputs[:1])     # what crosses each stage boundary
     stage = stages[pp_rank].to(device)
     del stages
     comm = PipelineComm(grid.pipeline_ranks(dp_rank), device=device)
-    sched = make_schedule(schedule, grid.pp_size, chunks)
     opt = torch.optim.SGD(stage.parameters(), lr=lr)
     my_x = split_microbatches(inputs, dp_size)[dp_rank].to(device)
     my_y = split_microbatches(targets, dp_size)[dp_rank].to(device)
     losses, times, step_events, result = [], [], [], {}
-    for _ in range(steps):
+    for step in range(steps):
         dist.barrier()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        result = pipeline_step(stage, sched, comm, batch_size=len(my_x),
+        result = pipeline_step(stage, sched, comm, batch_size=len(my_x), check_neighbours=step == 0,
                                in_shape=shapes[pp_rank], out_shape=shapes[pp_rank + 1],
                                inputs=my_x if comm.is_first else None,
                                targets=my_y if comm.is_last else None, loss_fn=loss_fn,
-                               total_samples=len(targets), dtype=inputs.dtype)
+                               total_samples=len(targets), dtype=inputs.dtype,
+                               measure_activations=measure_activations)
         if dp_group is not None:
             for p in stage.parameters():
                 dist.all_reduce(p.grad, group=dp_group)   # losses were pre-weighted: sum = mean
@@ -385,12 +535,12 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
                  *, num_stages: int = 2, schedule: str = "gpipe", chunks: int = 4, steps: int = 1,
                  lr: float = 0.1, loss_fn: Callable = F.cross_entropy, dp_size: int = 1,
                  balance: list[int] | None = None, backend: str = "gloo",
-                 timeout: float = 120.0) -> PipelineRun:
+                 timeout: float = 120.0, measure_activations: bool = True) -> PipelineRun:
     """Launch :func:`train_pipeline` in ``num_stages × dp_size`` processes and gather the results.
 
     Args:
-        model_fn, inputs, targets, schedule, chunks, steps, lr, loss_fn, dp_size, balance: see
-            :func:`train_pipeline`.
+        model_fn, inputs, targets, schedule, chunks, steps, lr, loss_fn, dp_size, balance,
+            measure_activations: see :func:`train_pipeline`.
         num_stages: pipeline stages (processes per pipeline).
         backend: ``"gloo"`` (CPU processes) or ``"nccl"`` (one CUDA GPU per process).
         timeout: seconds for the whole run (see :func:`~gpucourse.launch`).
@@ -407,6 +557,11 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
         >>> run.peak_in_flight, len(run.timeline.events)     # GPipe: all 3 micro-batches alive
         ([3, 3], 12)
 
+    Raises:
+        ValueError, TypeError: before any process starts, for arguments no pipeline can run: more
+            stages than layers, ``chunks`` not an int >= 1, a batch smaller than ``chunks``, an
+            unknown schedule, a ``balance`` that does not fit the model.
+
     .. warning::
         Each process runs with one thread (as under torchrun with ``OMP_NUM_THREADS=1``): compare
         its speed with a one-thread baseline, not with a single process using every core.
@@ -415,12 +570,16 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
 
     from .launcher import launch
 
+    if not callable(model_fn):
+        raise TypeError(f"model_fn must be a function that builds the model, got {type(model_fn).__name__}")
+    _check_pipeline_args(model_fn(), inputs, targets, num_stages=num_stages, schedule=schedule,
+                         chunks=chunks, steps=steps, dp_size=dp_size, balance=balance)
     # torch.optim imports torch._dynamo on first use (~1 s); do it once here, so that the forked
     # ranks inherit it instead of each paying for it at every launch
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
     fn = functools.partial(train_pipeline, model_fn=model_fn, inputs=inputs, targets=targets,
                            schedule=schedule, chunks=chunks, steps=steps, lr=lr, loss_fn=loss_fn,
-                           dp_size=dp_size, balance=balance)
+                           dp_size=dp_size, balance=balance, measure_activations=measure_activations)
     out = launch(fn, num_stages * dp_size, backend=backend, timeout=timeout)
     first = [r for r in out if r["dp_rank"] == 0]
     state: dict = {}

@@ -237,6 +237,41 @@ def test_misuse_order_raises_runtime_error_with_the_fix(misuse, message):
             scaler.load_state_dict({})
 
 
+def _no_grads(scaler, frozen):
+    """A backward happened, but none of this optimizer's parameters got a .grad."""
+    used, unused = _model(0), _model(1)
+    opt = torch.optim.SGD(unused.parameters(), lr=0.1)
+    if frozen:                       # ... or they are frozen
+        unused.requires_grad_(False)
+        opt = torch.optim.SGD(unused.parameters(), lr=0.1)
+    scaler.scale(used(torch.ones(2, 6)).sum()).backward()
+    return unused, opt
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_step_without_any_gradient_raises_like_gradscaler(frozen):
+    ref = torch.amp.GradScaler("cpu")
+    _, ref_opt = _no_grads(ref, frozen)
+    with pytest.raises((AssertionError, RuntimeError), match="No inf checks were recorded for this optimizer"):
+        ref.step(ref_opt)
+    ours = gc.LossScaler()
+    model, opt = _no_grads(ours, frozen)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(RuntimeError, match=r"No inf checks were recorded for this optimizer.*"
+                                           r"scaler.scale\(loss\).backward\(\)"):
+        ours.step(opt)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # nothing stepped
+
+
+def test_update_after_unscaling_no_gradients_raises_like_gradscaler():
+    ref, ours = torch.amp.GradScaler("cpu"), gc.LossScaler()
+    for scaler, error in ((ref, (AssertionError, RuntimeError)), (ours, RuntimeError)):
+        _, opt = _no_grads(scaler, frozen=False)
+        scaler.unscale_(opt)                    # no error yet, in both
+        with pytest.raises(error, match="(?i)no inf.*checks"):
+            scaler.update()
+
+
 def test_after_update_a_new_iteration_may_unscale_again():
     scaler = gc.LossScaler()
     model, opt = _one_backward(scaler)

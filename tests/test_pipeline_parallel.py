@@ -1,6 +1,7 @@
 """The pipeline across processes trains exactly like one process (gloo, 2-4 ranks)."""
 
 import functools
+import time
 
 import pytest
 import torch
@@ -58,6 +59,15 @@ def test_one_f_one_b_holds_fewer_activations_than_gpipe():
     # measured bytes that autograd kept alive: roughly proportional to micro-batches in flight
     assert ofob.peak_activation_bytes[0] < 0.5 * gpipe.peak_activation_bytes[0]
     assert ofob.peak_activation_bytes[1] < 0.3 * gpipe.peak_activation_bytes[1]
+
+
+def test_without_activation_meter_same_training_and_no_bytes():
+    x, y = _data(12)
+    run = gc.run_pipeline(make_model, x, y, num_stages=2, schedule="1f1b", chunks=4, steps=2, lr=0.5,
+                          measure_activations=False)
+    ref = gc.train_sequential(make_model, x, y, steps=2, lr=0.5)
+    _assert_same_params(run.state_dict, ref["state_dict"], atol=1e-5, rtol=1e-5)
+    assert run.peak_activation_bytes == [None, None] and run.peak_in_flight == [2, 1]
 
 
 def test_data_parallel_times_pipeline_parallel_grid():
@@ -123,8 +133,83 @@ def _mismatched(rank, world_size):
 
 
 def test_stages_with_different_schedules_fail_instead_of_hanging():
-    with pytest.raises((gc.WorkerError, TimeoutError)):
-        gc.launch(_mismatched, 2, timeout=8)
+    start = time.perf_counter()
+    with pytest.raises(gc.WorkerError, match=r"different pipelines: micro-batches (2 here, 3 there|3 here, 2 there)\. Call"):
+        gc.launch(_mismatched, 2, timeout=30)
+    assert time.perf_counter() - start < 25       # a clear error, not the launch timeout
+
+
+def _gpipe_vs_1f1b(rank, world_size):
+    sched = gc.make_schedule("gpipe" if rank == 0 else "1f1b", 2, 3)
+    stage = gc.split_sequential(make_model(), 2)[rank]
+    x, y = _data(6)
+    gc.pipeline_step(stage, sched, gc.PipelineComm(), batch_size=6, in_shape=(16,), out_shape=(16,),
+                     inputs=x if rank == 0 else None, targets=y if rank == 1 else None)
+
+
+def test_stages_with_different_schedule_names_fail_clearly():
+    name0, name1 = gc.make_schedule("gpipe", 2, 3).name, gc.make_schedule("1f1b", 2, 3).name
+    with pytest.raises(gc.WorkerError, match=f"schedule ('{name0}' here, '{name1}'|'{name1}' here, '{name0}') there"):
+        gc.launch(_gpipe_vs_1f1b, 2, timeout=30)
+
+
+def _mismatched_batch(rank, world_size):
+    stage = gc.split_sequential(make_model(), 2)[rank]
+    x, y = _data(6 + rank)
+    gc.pipeline_step(stage, gc.gpipe_schedule(2, 2), gc.PipelineComm(), batch_size=6 + rank,
+                     in_shape=(16 + rank,), out_shape=(16,), inputs=x if rank == 0 else None,
+                     targets=y if rank == 1 else None)
+
+
+def test_stages_with_different_batch_or_shape_fail_clearly():
+    with pytest.raises(gc.WorkerError, match=r"batch_size (6 here, 7|7 here, 6) there.*boundary shape "
+                                             r"(\[16\] here, \[17\]|\[17\] here, \[16\]) there"):
+        gc.launch(_mismatched_batch, 2, timeout=30)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(num_stages=8), ValueError, r"num_stages=8: cannot cut 7 layers into 8 stages"),
+    (dict(num_stages=0), ValueError, r"num_stages must be an int >= 1, got 0"),
+    (dict(chunks=0), ValueError, r"chunks must be >= 1 .*got 0"),
+    (dict(chunks=2.0), TypeError, r"chunks must be an int, got float 2.0"),
+    (dict(chunks=9), ValueError, r"a batch of 8 samples cannot be cut into chunks=9 micro-batches"),
+    (dict(chunks=3, dp_size=3), ValueError, r"3 pipelines get 2 or more each.*chunks=3"),
+    (dict(schedule="zigzag"), ValueError, r"schedule must be one of \['1f1b', 'gpipe'\].*'zigzag'"),
+    (dict(schedule=gc.gpipe_schedule(2, 3)), ValueError, r"for 2 stages and 3 micro-batches, not 2 and 4"),
+    (dict(steps=0), ValueError, r"steps must be an int >= 1, got 0"),
+    (dict(balance=[3, 3]), ValueError, r"balance=\[3, 3\]: balance \[3, 3\] covers 6 layers, but the model has 7"),
+    (dict(balance=[2, 2, 3]), ValueError, r"balance \[2, 2, 3\] has 3 stages, but num_stages is 2"),
+    (dict(model_fn=lambda: nn.Linear(6, 5)), TypeError, r"nn.Sequential.*got Linear"),
+    (dict(model_fn="make_model"), TypeError, r"model_fn must be a function"),
+    (dict(targets=torch.zeros(7, dtype=torch.long)), ValueError, r"inputs has 8 samples but targets has 7"),
+])
+def test_run_pipeline_rejects_bad_arguments_before_starting_processes(kwargs, error, match, monkeypatch):
+    def no_launch(*args, **kw):
+        raise AssertionError("processes were started")
+    monkeypatch.setattr("gpucourse.launcher.launch", no_launch)
+    x, y = _data(8)
+    args = {**dict(model_fn=make_model, inputs=x, targets=y, num_stages=2, chunks=4), **kwargs}
+    with pytest.raises(error, match=match):
+        gc.run_pipeline(**args)
+
+
+def test_train_pipeline_checks_its_arguments_in_each_rank():
+    x, y = _data(3)
+    fn = functools.partial(gc.train_pipeline, model_fn=make_model, inputs=x, targets=y, chunks=4)
+    with pytest.raises(gc.WorkerError, match=r"a batch of 3 samples cannot be cut into chunks=4"):
+        gc.launch(fn, 2, timeout=30)
+
+
+@pytest.mark.parametrize("batch, chunks, error, match", [
+    (10, 0, ValueError, r"chunks must be >= 1 .*got 0"),
+    (10, -1, ValueError, r"chunks must be >= 1 .*got -1"),
+    (3, 4, ValueError, r"a batch of 3 samples cannot be cut into 4"),
+    (10, 2.5, TypeError, r"chunks must be an int"),
+    (10.0, 2, TypeError, r"batch_size must be an int"),
+])
+def test_microbatch_sizes_rejects_bad_arguments(batch, chunks, error, match):
+    with pytest.raises(error, match=match):
+        gc.pipeline_parallel.microbatch_sizes(batch, chunks)
 
 
 def test_torch_pipelining_with_uneven_micro_batches_fails_loudly():
