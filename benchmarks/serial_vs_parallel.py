@@ -56,7 +56,7 @@ def mimd(name: str, fn, total: int) -> dict[str, float]:
     return {"thread": gc.speedup(serial, threads), "process": gc.speedup(serial, procs)}
 
 
-def main() -> None:
+def main() -> int:
     cores = gc.cpu_cores()
     print(f"torch {torch.__version__}, {cores} usable cores, SIMD: {gc.cpu_capability()}, "
           f"intra-op threads while measuring: 1\n")
@@ -76,7 +76,8 @@ def main() -> None:
           f"{'MET' if ok_python else 'NOT MET'}")
     print(f"pure-Python work, {WORKERS} processes: {py['process']:.2f}x  (processes escape the GIL)")
     print(f"torch work, {WORKERS} processes:     {tw['process']:.2f}x")
+    return 0 if ok_torch and ok_python else 1      # non-zero exit: a target is NOT MET
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 from .data import CIFAR10_CLASSES, SyntheticCIFAR10, cifar10_or_synthetic, load_cifar10
 from .devices import cpu_cores, virtual_devices, visible_devices
 from .launcher import WorkerError, free_port, launch
-from .models import MLP, Net, ToyModel
+from .models import MLP, Net, SmallConvNet, ToyModel
 from .printing import print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
 

@@ -88,6 +88,13 @@ class DataParallel(nn.Module):
         self.device_ids: list[torch.device] = as_devices(device_ids, what="device_ids")
         self.output_device: torch.device = as_device(
             self.device_ids[0] if output_device is None else output_device, what="output_device")
+        if self.output_device.type == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if self.output_device.index >= count:
+                raise ValueError(
+                    f"output_device {self.output_device} does not exist: this process sees {count} "
+                    "CUDA device(s); pass one of device_ids (or leave output_device=None for "
+                    "device_ids[0]); CUDA_VISIBLE_DEVICES renumbers the visible GPUs from 0")
         if (self.output_device.type == "cuda") != (self.device_ids[0].type == "cuda"):
             raise ValueError(f"output_device {self.output_device} and device_ids "
                              f"{[str(d) for d in self.device_ids]} must be of the same kind")
@@ -166,7 +173,7 @@ def balanced_chunk_sizes(batch_size: int, gpu0_bsz: int, num_devices: int) -> li
         >>> balanced_chunk_sizes(8, 9, 3)
         Traceback (most recent call last):
         ...
-        ValueError: gpu0_bsz must be in [0, 8] (the batch size), got 9
+        ValueError: gpu0_bsz must be in [0, 8] (the batch size), got 9; lower gpu0_bsz or pass a bigger batch (a DataLoader's last batch can be short: use drop_last=True)
 
     .. warning::
         With gradient accumulation, ``gpu0_bsz`` is per *micro*-batch: for a batch of 16 in two
@@ -181,7 +188,9 @@ def balanced_chunk_sizes(batch_size: int, gpu0_bsz: int, num_devices: int) -> li
     if isinstance(gpu0_bsz, bool) or not isinstance(gpu0_bsz, int):
         raise TypeError(f"gpu0_bsz must be an int, got {type(gpu0_bsz).__name__} {gpu0_bsz!r}")
     if not 0 <= gpu0_bsz <= batch_size:
-        raise ValueError(f"gpu0_bsz must be in [0, {batch_size}] (the batch size), got {gpu0_bsz}")
+        raise ValueError(f"gpu0_bsz must be in [0, {batch_size}] (the batch size), got {gpu0_bsz}; "
+                         "lower gpu0_bsz or pass a bigger batch (a DataLoader's last batch can be "
+                         "short: use drop_last=True)")
     if num_devices == 1:
         if gpu0_bsz != batch_size:
             raise ValueError(f"with 1 device, device 0 takes the whole batch: gpu0_bsz must be "
@@ -228,8 +237,10 @@ class BalancedDataParallel(DataParallel):
     .. warning::
         ``gpu0_bsz`` counts rows of the batch that reaches ``forward``. With gradient accumulation
         over ``acc_grad`` micro-batches, pass the per-micro-batch value (``gpu0_bsz // acc_grad``).
-        A ``gpu0_bsz`` larger than the batch raises ``ValueError`` (the original implementation
-        silently fell back to an even split when ``gpu0_bsz`` exceeded the others' share).
+        A ``gpu0_bsz`` larger than the batch raises ``ValueError`` — watch the last, shorter
+        batch of a ``DataLoader`` (``drop_last=True`` avoids it). The original implementation
+        silently fell back to DataParallel's even split whenever ``gpu0_bsz`` was at least the
+        others' share (``gpu0_bsz >= bsz_unit``, equality included).
     """
 
     def __init__(self, gpu0_bsz: int, module: nn.Module, device_ids: Sequence | None = None,

@@ -322,6 +322,30 @@ class Timeline:
             with self._lock:
                 self.spans.append((row, label, start - self._t0, end - self._t0))
 
+    def totals(self) -> dict[str, dict[str, float]]:
+        """Seconds spent per label and row: ``{label: {row: seconds}}`` (spans of a row summed).
+
+        For one DataParallel step this splits the time into its stages: ``scatter``,
+        ``replicate``, ``gather`` and the waits for ``forward``/``backward`` on the main thread,
+        ``forward``/``backward`` on each device.
+
+        Example::
+
+            >>> with record_timeline() as tl:
+            ...     with span("scatter"):
+            ...         pass
+            ...     _ = run_on_devices(lambda: None, [(), ()], [torch.device("cpu", 0), torch.device("cpu", 1)],
+            ...                        label="forward")
+            >>> {label: sorted(rows) for label, rows in sorted(tl.totals().items())}
+            {'forward': ['cpu:0', 'cpu:1'], 'scatter': ['main thread']}
+        """
+        out: dict[str, dict[str, float]] = {}
+        with self._lock:
+            for row, label, start, end in self.spans:
+                rows = out.setdefault(label, {})
+                rows[row] = rows.get(row, 0.0) + (end - start)
+        return out
+
     def overlap(self, label: str) -> float:
         """Seconds during which at least two devices were running ``label`` spans at once."""
         events = sorted([(s, 1) for _, lab, s, e in self.spans if lab == label]

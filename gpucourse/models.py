@@ -1,4 +1,5 @@
-"""The small models the course trains: the seeds' CIFAR ``Net``, an MLP, and the DDP tutorial's toy.
+"""The small models the course trains: the seeds' CIFAR ``Net``, a wider ``SmallConvNet``, an MLP, and
+the DDP tutorial's toy.
 
 They are deliberately small so that every chapter trains them for real on a laptop CPU.
 """
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Net", "MLP", "ToyModel"]
+__all__ = ["Net", "SmallConvNet", "MLP", "ToyModel"]
 
 
 class Net(nn.Module):
@@ -40,6 +41,42 @@ class Net(nn.Module):
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         return self.fc3(x)
+
+
+class SmallConvNet(nn.Sequential):
+    """The seeds' CIFAR network with wider convolutions (32 and 64 channels instead of 6 and 16).
+
+    conv(3→32, 5) → ReLU → pool → conv(32→64, 5) → ReLU → pool → fc 1600→120 → fc 120→84 → fc 84→10
+    (0.26 M parameters). Chapters 02–03 and ``benchmarks/data_parallel.py`` measure DataParallel
+    on it: each of its operations is large enough that computing rows, not DataParallel's fixed
+    per-step overhead, fills a training step — unlike :class:`Net`, whose operations are tiny.
+
+    Args:
+        c1, c2: channels of the two convolutions.
+        num_classes: outputs.
+
+    Example::
+
+        >>> import torch
+        >>> net = SmallConvNet()
+        >>> net(torch.zeros(4, 3, 32, 32)).shape          # (B, 3, 32, 32) -> (B, 10) logits
+        torch.Size([4, 10])
+        >>> sum(p.numel() for p in net.parameters())
+        256830
+
+    .. warning::
+        Like :class:`Net` it expects 32×32 inputs (CIFAR-10); other sizes fail at the first
+        ``Linear`` with a shape error.
+    """
+
+    def __init__(self, c1: int = 32, c2: int = 64, num_classes: int = 10):
+        for name, value in (("c1", c1), ("c2", c2), ("num_classes", num_classes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        super().__init__(nn.Conv2d(3, c1, 5), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(c1, c2, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(c2 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                         nn.Linear(84, num_classes))
 
 
 class MLP(nn.Sequential):

@@ -78,3 +78,18 @@ def test_mlp_slices_share_layers():
     assert head[0] is mlp[0] and tail[-1] is mlp[-1]
     x = torch.randn(3, 4)
     torch.testing.assert_close(tail(head(x)), mlp(x))
+
+
+def test_small_conv_net_is_the_wider_net():
+    torch.manual_seed(0)
+    net = gc.SmallConvNet()
+    convs = [m for m in net if isinstance(m, torch.nn.Conv2d)]
+    assert [(c.in_channels, c.out_channels, c.kernel_size) for c in convs] == [(3, 32, (5, 5)), (32, 64, (5, 5))]
+    x = torch.randn(3, 3, 32, 32, requires_grad=True)
+    out = net(x)
+    assert out.shape == (3, 10)
+    out.sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
+    assert gc.SmallConvNet(8, 16, 4)(x).shape == (3, 4)
+    with pytest.raises(ValueError, match="c1 must be a positive int"):
+        gc.SmallConvNet(0)

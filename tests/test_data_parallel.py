@@ -228,19 +228,39 @@ def test_gpu0_bsz_zero_leaves_device_0_out_of_compute():
         def forward(self, x):
             return self.lin(x), torch.full((x.shape[0],), current_device_index())
 
-    bdp = gc.BalancedDataParallel(0, WhereAmI(), device_ids=_devs(3))
-    out, where = bdp(torch.zeros(8, 1))
+    torch.manual_seed(0)
+    model = WhereAmI()
+    single = copy.deepcopy(model)
+    bdp = gc.BalancedDataParallel(0, model, device_ids=_devs(3))
+    x = torch.randn(8, 1)
+    out, where = bdp(x)
     assert where.tolist() == [1] * 4 + [2] * 4
-    out.sum().backward()
-    assert bdp.module.lin.weight.grad is not None
+    out.square().sum().backward()
+    single(x)[0].square().sum().backward()
+    for p, q in zip(model.parameters(), single.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_balanced_data_parallel_overrides_only_scatter():
+    own = {name for name, value in vars(gc.BalancedDataParallel).items() if callable(value)}
+    steps = {"scatter", "replicate", "parallel_apply", "gather", "forward"}
+    assert own & steps == {"scatter"}
+    for name in steps - {"scatter"}:
+        assert getattr(gc.BalancedDataParallel, name) is getattr(gc.DataParallel, name)
 
 
 def test_gpu0_bsz_errors():
     with pytest.raises(ValueError, match="gpu0_bsz must be >= 0"):
         gc.BalancedDataParallel(-2, nn.Linear(1, 1), device_ids=_devs(2))
     bdp = gc.BalancedDataParallel(9, nn.Linear(1, 1), device_ids=_devs(3))
-    with pytest.raises(ValueError, match=r"gpu0_bsz must be in \[0, 8\]"):
+    with pytest.raises(ValueError, match=r"gpu0_bsz must be in \[0, 8\].*drop_last=True"):
         bdp(torch.zeros(8, 1))
+
+
+def test_output_device_that_does_not_exist_is_a_clear_value_error():
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=f"output_device cuda:{count + 3} does not exist"):
+        gc.DataParallel(nn.Linear(1, 1), device_ids=gc.virtual_devices(1), output_device=f"cuda:{count + 3}")
 
 
 def test_gradient_accumulation_over_balanced_micro_batches_equals_the_big_batch():

@@ -75,6 +75,22 @@ def test_timeline_overlap_arithmetic():
     assert tl.overlap("g") == 0.0
 
 
+def test_timeline_totals_sum_spans_per_label_and_row():
+    tl = gc.device_workers.Timeline(spans=[("a", "f", 0.0, 2.0), ("a", "f", 3.0, 3.5), ("b", "f", 1.0, 3.0),
+                                           ("main thread", "gather", 4.0, 4.25)])
+    assert tl.totals() == {"f": {"a": 2.5, "b": 2.0}, "gather": {"main thread": 0.25}}
+
+
+def test_a_data_parallel_step_records_every_stage():
+    dp = gc.DataParallel(gc.MLP(4, 8, 2), device_ids=CPU[:2])
+    with gc.record_timeline() as tl:
+        dp(torch.randn(6, 4)).sum().backward()
+    totals = tl.totals()
+    for label in ("scatter", "replicate", "wait for forward", "gather", "wait for backward"):
+        assert set(totals[label]) == {"main thread"}, label
+    assert set(totals["forward"]) == set(totals["backward"]) == {"cpu:0", "cpu:1"}
+
+
 def test_workers_are_recreated_in_a_forked_child():
     """A process forked after the parent used the workers (e.g. by gc.launch) gets its own threads."""
     run_on_devices(lambda: None, [()], CPU[:1])                 # parent's worker exists
