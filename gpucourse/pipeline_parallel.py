@@ -41,7 +41,7 @@ from .model_split import split_sequential
 from .parallel_grid import ParallelGrid
 from .pipeline import _check_chunks, split_microbatches
 from .pipeline_comm import PipelineComm
-from .pipeline_schedule import (PipelineSchedule, Timeline, TimelineEvent, gpipe_schedule,
+from .pipeline_schedule import (PipelineSchedule, Timeline, TimelineEvent, _check_int, gpipe_schedule,
                                 one_f_one_b_schedule)
 
 __all__ = ["microbatch_sizes", "boundary_shapes", "pipeline_step", "train_pipeline", "run_pipeline", "train_sequential", "PipelineRun",
@@ -112,13 +112,6 @@ def microbatch_sizes(batch_size: int, chunks: int) -> list[int]:
     return [batch_size // chunks + (1 if i < batch_size % chunks else 0) for i in range(chunks)]
 
 
-def _check_int_arg(name: str, value, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-
-
 def _check_pipeline_args(model: nn.Sequential, inputs: torch.Tensor, targets: torch.Tensor, *,
                         num_stages: int, schedule, chunks: int, steps: int = 1, dp_size: int = 1,
                         balance=None) -> PipelineSchedule:
@@ -153,9 +146,9 @@ def _check_pipeline_args(model: nn.Sequential, inputs: torch.Tensor, targets: to
         It checks the arguments, not the model: a layer whose input shape does not fit the previous
         layer's output still fails inside the ranks.
     """
-    _check_int_arg("num_stages", num_stages)
-    _check_int_arg("dp_size", dp_size)
-    _check_int_arg("steps", steps)
+    _check_int("num_stages", num_stages)
+    _check_int("dp_size", dp_size)
+    _check_int("steps", steps)
     _check_chunks(chunks)
     for name, value in (("inputs", inputs), ("targets", targets)):
         if not isinstance(value, torch.Tensor):
@@ -417,7 +410,7 @@ def train_pipeline(rank: int, world_size: int, model_fn: Callable[[], nn.Sequent
         The timeline's clock is ``time.perf_counter``, which all processes on one machine share;
         timestamps from different machines are not comparable.
     """
-    _check_int_arg("dp_size", dp_size)
+    _check_int("dp_size", dp_size)
     if world_size % dp_size:
         raise ValueError(f"world_size {world_size} is not divisible by dp_size {dp_size}")
     model = model_fn()

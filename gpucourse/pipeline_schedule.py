@@ -34,7 +34,7 @@ def _check_int(name: str, value, minimum: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:

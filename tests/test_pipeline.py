@@ -109,7 +109,7 @@ def test_clock_cycles_cover_every_task_once_in_dependency_order():
 def test_bubble_fraction_formula_and_errors():
     assert gc.bubble_fraction(4, 8) == pytest.approx(3 / 11)
     assert gc.bubble_fraction(1, 1) == 0.0
-    with pytest.raises(ValueError, match="num_microbatches must be >= 1"):
+    with pytest.raises(ValueError, match="num_microbatches must be an int >= 1"):
         gc.bubble_fraction(2, 0)
     with pytest.raises(TypeError, match="num_stages must be an int"):
         gc.bubble_fraction(2.0, 4)
