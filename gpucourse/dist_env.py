@@ -300,7 +300,13 @@ class _Reader:
         return [n for n in names if n not in self.environ or str(self.environ[n]).strip() == ""]
 
     def require(self, names, hint: str = "") -> None:
-        missing = self.missing(names)
+        """Raise naming every missing variable; a tuple in ``names`` is satisfied by any one of its
+        alternatives (named as ``"A (or B)"`` when all are missing)."""
+        missing = []
+        for name in names:
+            options = name if isinstance(name, tuple) else (name,)
+            if len(self.missing(options)) == len(options):
+                missing.append(options[0] + "".join(f" (or {o})" for o in options[1:]))
         if missing:
             raise ValueError(f"{self.source} environment is missing {', '.join(missing)}"
                              + (f"; {hint}" if hint else ""))
@@ -363,14 +369,10 @@ def _from_torchrun(r: _Reader, local_rank, nproc_per_node, nnodes) -> DistEnv:
 
 def _from_slurm(r: _Reader, local_rank, nproc_per_node, nnodes) -> DistEnv:
     e = r.environ
-    hint = "run the script with srun inside the allocation (sbatch alone starts one process)"
-    # the task count: SLURM_NTASKS, or its older alias SLURM_NPROCS — name both when neither is set
-    ntasks_name = next((n for n in ("SLURM_NTASKS", "SLURM_NPROCS") if not r.missing([n])), None)
-    missing = r.missing(["SLURM_PROCID", "SLURM_LOCALID"])
-    missing += ["SLURM_NTASKS (or SLURM_NPROCS)"] if ntasks_name is None else []
-    missing += r.missing(["SLURM_NODEID"])
-    if missing:
-        raise ValueError(f"{r.source} environment is missing {', '.join(missing)}; {hint}")
+    # the task count: SLURM_NTASKS, or its older alias SLURM_NPROCS
+    r.require(("SLURM_PROCID", "SLURM_LOCALID", ("SLURM_NTASKS", "SLURM_NPROCS"), "SLURM_NODEID"),
+              "run the script with srun inside the allocation (sbatch alone starts one process)")
+    ntasks_name = "SLURM_NTASKS" if not r.missing(["SLURM_NTASKS"]) else "SLURM_NPROCS"
     rank, node, world_size = r.int("SLURM_PROCID"), r.int("SLURM_NODEID"), r.int(ntasks_name)
     local = _merge("local_rank", r.int("SLURM_LOCALID"), local_rank, "SLURM_LOCALID", "", "SLURM")
     # tasks on *this* node: SLURM_TASKS_PER_NODE lists every node ("2(x3),1")
