@@ -21,7 +21,7 @@ def main(argv=None):
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 3])
     p.add_argument("--numel", type=int, default=4 * 2**20)
     p.add_argument("--rounds", type=int, default=30)
-    p.add_argument("--segment-bytes", type=int, default=gc.collectives.DEFAULT_SEGMENT_BYTES)
+    p.add_argument("--segment-bytes", type=int, default=gc.distributed.collectives.DEFAULT_SEGMENT_BYTES)
     p.add_argument("--no-naive", action="store_true")
     args = p.parse_args(argv)
     mb = args.numel * 4 / 2**20

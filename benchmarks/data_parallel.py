@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 import gpucourse as gc
-from gpucourse.device_workers import run_on_devices
-from gpucourse.timing import Timing
+from gpucourse.data_parallel.device_workers import run_on_devices
+from gpucourse.runtime.timing import Timing
 
 BATCH = 64
 TARGET = 1.5

@@ -1,8 +1,8 @@
 """gpucourse — the helper package of an interactive course on parallel training with PyTorch.
 
 Every name exported here is part of the course's stable public API: notebooks, exercises and
-outside checks rely on it. The modules inside are named after concepts (``launch``, ``devices``,
-``timing`` …); import from the top level::
+outside checks rely on it. The package has one folder per part of the course (see
+``gpucourse/README.md``); import from the top level::
 
     import gpucourse as gc
     gc.launch(fn, 2)
@@ -10,64 +10,54 @@ outside checks rely on it. The modules inside are named after concepts (``launch
 
 __version__ = "0.1.0"
 
-# --- foundation: launching ranks, devices, printing, timing, data, models ------------------
-from .data import CIFAR10_CLASSES, SyntheticCIFAR10, cifar10_or_synthetic, load_cifar10
-from .devices import cpu_cores, virtual_devices, visible_devices
-from .launcher import WorkerError, free_port, launch
-from .models import MLP, Net, SmallConvNet, ToyModel
-from .printing import print0, print_ordered, rank_prefix
-from .timing import Timing, format_comparison, measure, speedup
+# --- runtime/: start ranks, devices, timing, rank-aware printing -----------------------------
+from .runtime import (WorkerError, Timing, cpu_cores, format_comparison, free_port, launch, measure,
+                      print0, print_ordered, rank_prefix, speedup, virtual_devices, visible_devices)
 
-# --- chapter 01: serial vs parallel ---------------------------------------------------------
-from .amdahl import (amdahl_speedup, amdahl_widget, fit_serial_fraction, gustafson_speedup,
-                     karp_flatt, measure_scaling, plot_amdahl)
-from .parallel import (SharedTotal, accumulate_in_threads, chunk_sizes, intra_op_threads,
-                       parallel_map, parallel_reduce, pinned_to_cpus, split_into_chunks)
-from .roofline import (ThroughputPoint, arithmetic_intensity, matmul_flops, measure_throughput,
-                       op_cost, plot_roofline, plot_throughput, roofline)
-from .timeline import ChunkRecord, Trace, plot_timelines
-from .vectorization import cpu_capability, dot_loop, time_with_cpu_capability
-from .workloads import python_work, torch_work
+# --- data/: offline datasets and the course's small models -----------------------------------
+from .data import (CIFAR10_CLASSES, MLP, Net, SmallConvNet, SyntheticCIFAR10, ToyModel,
+                   cifar10_or_synthetic, load_cifar10)
 
-# --- chapters 02-03: DataParallel, BalancedDataParallel ------------------------------------
-from .data_parallel import BalancedDataParallel, DataParallel, balanced_chunk_sizes
-from .device_workers import plot_timeline, record_timeline
-from .memory import MemoryReport, MemoryTracker, dp_step_memory, memory_explorer, plot_memory
-from .scatter_gather import chunk_sizes_of, gather, parallel_apply, replicate, scatter, scatter_kwargs
+# --- basics/ (chapter 01): serial vs parallel, Amdahl, vectorisation, roofline ----------------
+from .basics import (ChunkRecord, SharedTotal, ThroughputPoint, Trace, accumulate_in_threads,
+                     amdahl_speedup, amdahl_widget, arithmetic_intensity, chunk_sizes, cpu_capability,
+                     dot_loop, fit_serial_fraction, gustafson_speedup, intra_op_threads, karp_flatt,
+                     matmul_flops, measure_scaling, measure_throughput, op_cost, parallel_map,
+                     parallel_reduce, pinned_to_cpus, plot_amdahl, plot_roofline, plot_throughput,
+                     plot_timelines, python_work, roofline, split_into_chunks, time_with_cpu_capability,
+                     torch_work)
 
-# --- chapter 04: DistributedDataParallel ----------------------------------------------------
-from .checkpoint import load_checkpoint, save_checkpoint
-from .collectives import all_reduce_timings, naive_all_reduce, ring_all_reduce, ring_schedule
-from .ddp import MiniDDP, StepTrace, average_gradients, plot_step_trace
-from .samplers import DistributedSampler
-from .sync_batchnorm import sync_batch_stats
+# --- data_parallel/ (chapters 02-03): DataParallel from scratch, balanced, memory per device --
+from .data_parallel import (BalancedDataParallel, DataParallel, MemoryReport, MemoryTracker,
+                            balanced_chunk_sizes, chunk_sizes_of, current_device_index, dp_step_memory,
+                            gather, memory_explorer, parallel_apply, plot_memory, plot_timeline,
+                            record_timeline, replicate, scatter, scatter_kwargs)
 
-# --- chapter 05: multi-node initialisation ---------------------------------------------------
-from .cost_model import (LINKS, AlphaBeta, StepPrediction, fit_alpha_beta, measure_all_reduce,
-                         measure_point_to_point, predict_step_time, ring_all_reduce_bytes,
-                         ring_all_reduce_time, scaling_table)
-from .dist_env import DistEnv, dist_env_from, expand_slurm_nodelist, global_rank, rank_layout
-from .network import EmulatedLink, emulated_link, netns_support, network_interfaces
-from .nodes import NodeError, NodeResult, launch_nodes, torchrun_command
-from .rendezvous import InitMethod, checked_init_process_group, parse_init_method
+# --- distributed/ (chapter 04): DDP, ring all-reduce, sampler, checkpoints -------------------
+from .distributed import (DistributedSampler, MiniDDP, StepTrace, all_reduce_timings, average_gradients,
+                          load_checkpoint, naive_all_reduce, plot_step_trace, ring_all_reduce,
+                          ring_schedule, save_checkpoint, sync_batch_stats)
 
-# --- chapter 06: mixed precision -------------------------------------------------------------
-from .amp import AmpStepResult, AutocastModule, OpRecord, amp_step, autocast_op_dtypes, format_op_table
-from .amp_speed import (ElementwiseNet, OpTimes, PrecisionRun, compare_precisions, op_time_shares,
-                        plot_time_split, training_step)
-from .loss_scaling import LossScaler, activation_gradients, update_scale
-from .number_formats import (BitFields, CastReport, FloatFormat, bit_fields, cast_report, float_format,
-                             format_table, lost_update_fraction, plot_log2_histogram, plot_ranges,
-                             underflow_fraction)
+# --- cluster/ (chapter 05): multi-node environment, rendezvous, emulated nodes, α-β model -----
+from .cluster import (LINKS, AlphaBeta, DistEnv, EmulatedLink, InitMethod, NodeError, NodeResult,
+                      StepPrediction, checked_init_process_group, dist_env_from, emulated_link,
+                      expand_slurm_nodelist, fit_alpha_beta, global_rank, launch_nodes, measure_all_reduce,
+                      measure_point_to_point, netns_support, network_interfaces, parse_init_method,
+                      predict_step_time, rank_layout, ring_all_reduce_bytes, ring_all_reduce_time,
+                      scaling_table, torchrun_command)
 
-# --- chapter 07: model / pipeline parallelism ------------------------------------------------
-from .activation_memory import SavedActivationMeter
-from .model_split import (ModelParallel, TwoDeviceToyModel, balanced_partition, layer_costs,
-                          split_sequential, training_state_bytes)
-from .parallel_grid import ParallelGrid
-from .pipeline import GPipe, clock_cycles, merge_microbatches, split_microbatches
-from .pipeline_comm import PipelineComm
-from .pipeline_parallel import (PipelineRun, make_schedule, pipeline_step, run_pipeline,
-                                train_pipeline, train_sequential, train_torch_pipelining)
-from .pipeline_schedule import (PipelineOp, PipelineSchedule, Timeline, TimelineEvent,
-                                bubble_fraction, gpipe_schedule, one_f_one_b_schedule)
+# --- precision/ (chapter 06): number formats, autocast, loss scaling, measured speed ---------
+from .precision import (AmpStepResult, AutocastModule, BitFields, CastReport, ElementwiseNet, FloatFormat,
+                        LossScaler, OpRecord, OpTimes, PrecisionRun, activation_gradients, amp_step,
+                        autocast_op_dtypes, bit_fields, cast_report, compare_precisions, float_format,
+                        format_op_table, format_table, lost_update_fraction, op_time_shares,
+                        plot_log2_histogram, plot_ranges, plot_time_split, training_step,
+                        underflow_fraction, update_scale)
+
+# --- pipeline/ (chapter 07): model split, GPipe, schedules, pipelines across processes ------
+from .pipeline import (GPipe, ModelParallel, ParallelGrid, PipelineComm, PipelineOp, PipelineRun,
+                       PipelineSchedule, SavedActivationMeter, Timeline, TimelineEvent, TwoDeviceToyModel,
+                       balanced_partition, bubble_fraction, clock_cycles, gpipe_schedule, layer_costs,
+                       make_schedule, merge_microbatches, one_f_one_b_schedule, pipeline_step,
+                       run_pipeline, split_microbatches, split_sequential, train_pipeline,
+                       train_sequential, train_torch_pipelining, training_state_bytes)

@@ -26,14 +26,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "doctor":
-        from .doctor import doctor
+        from .runtime.doctor import doctor
 
         return 0 if doctor(smoke_test=not args.no_smoke_test) else 1
     if args.command == "check":
-        from .check import main as check_main
+        from .grading.check import main as check_main
 
         return check_main(args.notebooks, cell_timeout=args.cell_timeout)
-    from .exercises import generate_exercises
+    from .grading.exercises import generate_exercises
 
     try:
         changed = generate_exercises(args.solutions, args.exercises, check_only=args.check)

@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 from nbclient.exceptions import CellExecutionError
 
-from gpucourse.check import run_notebook
+from gpucourse.grading.check import run_notebook
 
 
 def main(paths: list[str]) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .timing import Timing, measure
+from ..runtime import Timing, measure
 
 __all__ = ["amdahl_speedup", "gustafson_speedup", "karp_flatt", "fit_serial_fraction",
            "measure_scaling", "plot_amdahl", "amdahl_widget"]

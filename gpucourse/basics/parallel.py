@@ -204,7 +204,7 @@ def _run(fn, items, op, workers, backend, num_chunks, timeout, trace):
         workers = 1
     assignment = _assignment(len(chunks), min(workers, len(chunks)))
     if backend == "process":
-        from .launcher import launch
+        from ..runtime import launch
 
         per_worker = launch(_process_worker, len(assignment), args=(fn, chunks, assignment, op),
                             init_process_group=False, timeout=timeout)

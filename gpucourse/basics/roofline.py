@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .timing import measure
+from ..runtime import measure
 
 __all__ = ["OPS", "matmul_flops", "op_cost", "arithmetic_intensity", "ThroughputPoint",
            "measure_throughput", "roofline", "plot_throughput", "plot_roofline"]

@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from .timing import Timing
+from ..runtime import Timing
 
 __all__ = ["dot_loop", "cpu_capability", "time_with_cpu_capability"]
 

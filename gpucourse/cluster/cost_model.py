@@ -293,7 +293,7 @@ def measure_point_to_point(sizes: Sequence[int], *, repeats: int = 20, warmup: i
         the software path (α) and memory bandwidth (β), not a network card.
     """
     _check_sizes(sizes, repeats)
-    from .launcher import launch
+    from ..runtime import launch
 
     return launch(_ping_pong, 2, args=(list(sizes), repeats, warmup), timeout=timeout)[0]
 
@@ -313,7 +313,7 @@ def measure_all_reduce(sizes: Sequence[int], world_size: int = 2, *, repeats: in
     """
     _check_sizes(sizes, repeats)
     _check_world(world_size)
-    from .launcher import launch
+    from ..runtime import launch
 
     times = launch(_all_reduce_times, world_size, args=(list(sizes), repeats, warmup),
                    timeout=timeout)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -30,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .launcher import free_port
+from ..runtime import free_port
 
 __all__ = ["NodeError", "NodeResult", "launch_nodes", "torchrun_command"]
 
@@ -239,7 +240,7 @@ def launch_nodes(script: str, nnodes: int = 2, nproc_per_node: int = 1, *,
 
     base_env = dict(os.environ)
     # the scripts import gpucourse: make the package importable wherever they run
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package_root = str(pathlib.Path(__file__).resolve().parents[2])  # the folder holding gpucourse/
     base_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_root, base_env.get("PYTHONPATH", "")) if p)
     base_env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set (and warn about)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .device_workers import as_device, as_devices, device_context, span
-from .devices import cpu_cores, virtual_devices
+from ..runtime import cpu_cores, virtual_devices
 from .scatter_gather import gather, parallel_apply, replicate, scatter_kwargs
 
 __all__ = ["DataParallel", "BalancedDataParallel", "balanced_chunk_sizes"]

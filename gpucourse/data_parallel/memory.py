@@ -392,7 +392,7 @@ def memory_explorer(model: nn.Module | None = None, *, max_batch: int = 64, max_
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
 
-    from .models import Net
+    from ..data import Net
 
     if model is None:
         torch.manual_seed(seed)

@@ -376,8 +376,8 @@ def all_reduce_timings(world_size: int, numel: int = 1 << 20, *, rounds: int = 1
         Timings taken while other programs run are noise. Compare implementations only within
         one call (same machine, same moment), as ratios.
     """
-    from .launcher import launch
-    from .timing import Timing
+    from ..runtime import launch
+    from ..runtime import Timing
 
     names = list(implementations)
     unknown = [n for n in names if n not in _IMPLEMENTATIONS]

@@ -38,10 +38,10 @@ from torch import nn
 
 from .activation_memory import SavedActivationMeter
 from .model_split import split_sequential
-from .parallel_grid import ParallelGrid
-from .pipeline import _check_chunks, split_microbatches
-from .pipeline_comm import PipelineComm
-from .pipeline_schedule import (PipelineSchedule, Timeline, TimelineEvent, _check_int, gpipe_schedule,
+from .grid import ParallelGrid
+from .gpipe import _check_chunks, split_microbatches
+from .communication import PipelineComm
+from .schedule import (PipelineSchedule, Timeline, TimelineEvent, _check_int, gpipe_schedule,
                                 one_f_one_b_schedule)
 
 __all__ = ["microbatch_sizes", "boundary_shapes", "pipeline_step", "train_pipeline", "run_pipeline", "train_sequential", "PipelineRun",
@@ -561,7 +561,7 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
     """
     import functools
 
-    from .launcher import launch
+    from ..runtime import launch
 
     if not callable(model_fn):
         raise TypeError(f"model_fn must be a function that builds the model, got {type(model_fn).__name__}")

@@ -99,8 +99,8 @@ def amp_step(model: nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.T
     Example::
 
         >>> import torch
-        >>> from gpucourse.models import MLP
-        >>> from gpucourse.loss_scaling import LossScaler
+        >>> from gpucourse import MLP
+        >>> from gpucourse import LossScaler
         >>> torch.manual_seed(0)
         <torch._C.Generator object at ...>
         >>> model = MLP(8, 16, 1)

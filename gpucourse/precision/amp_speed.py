@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .timing import Timing, measure
+from ..runtime import Timing, measure
 
 __all__ = ["ElementwiseNet", "training_step", "op_time_shares", "OpTimes", "PrecisionRun",
            "compare_precisions", "plot_time_split"]
@@ -94,7 +94,7 @@ def training_step(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
     Example::
 
         >>> import torch
-        >>> from gpucourse.models import MLP
+        >>> from gpucourse import MLP
         >>> step = training_step(MLP(8, 8), torch.randn(4, 8), torch.randn(4, 8), dtype=torch.bfloat16)
         >>> isinstance(step(), float)
         True
@@ -261,7 +261,7 @@ def compare_precisions(make_model: Callable[[], nn.Module], batch: int, in_featu
 
     Example::
 
-        >>> from gpucourse.models import MLP
+        >>> from gpucourse import MLP
         >>> runs = compare_precisions(lambda: MLP(16, 16), 8, 16, repeats=1, warmup=0, name="tiny")
         >>> [r.timing.name for r in runs]
         ['tiny fp32 (cpu)', 'tiny bf16 (cpu)']

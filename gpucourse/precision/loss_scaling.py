@@ -315,7 +315,7 @@ def activation_gradients(model: torch.nn.Module, inputs: torch.Tensor, targets: 
     Example::
 
         >>> import torch
-        >>> from gpucourse.models import MLP
+        >>> from gpucourse import MLP
         >>> g = activation_gradients(MLP(4, 8, 2), torch.randn(5, 4), torch.randn(5, 2),
         ...                          torch.nn.functional.mse_loss)
         >>> sorted(g)[:3], g["0"].shape                 # output of layer "0": (batch, 8)

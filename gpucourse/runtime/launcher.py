@@ -570,7 +570,7 @@ def _tidy_stack(text: str) -> str:
         if line.startswith("Extension modules:"):
             continue
         is_frame = line.lstrip().startswith("File ")
-        if is_frame and os.path.join("gpucourse", "launcher.py") in line:
+        if is_frame and os.path.join("gpucourse", "runtime", "launcher.py") in line:
             skipping = True
         if not is_frame:
             skipping = False

@@ -8,7 +8,7 @@ import pytest
 
 import gpucourse as gc
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OK, REASON = gc.netns_support()
 needs_netns = pytest.mark.skipif(not OK, reason=f"no network namespaces here: {REASON}")
 

@@ -11,7 +11,7 @@ import pytest
 import gpucourse as gc
 from _processes import wait_gone
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WHOAMI = str(ROOT / "scripts" / "whoami_allreduce.py")
 LINE = re.compile(r"rank\s+(\d+) = node (\d) x (\d) \+ local (\d)\s+of world_size (\d+)\s+"
                   r"\((\w+), master ([\d.]+)\)\s+all_reduce: (\d+) ✓")
@@ -131,7 +131,7 @@ def test_python_of_this_environment_is_used():
 
 
 def test_echo_labels_relayed_lines_and_silent_nodes(capsys):
-    from gpucourse.nodes import NodeResult, _echo, _group_lines
+    from gpucourse.cluster.nodes import NodeResult, _echo, _group_lines
     node0 = NodeResult(0, [["torchrun"]], 0,
                        "[rank 0] hello\n[rank 0] [rank 0] mine\n[rank 0] [rank 1] relayed\n")
     node1 = NodeResult(1, [["torchrun"]], 0, "")

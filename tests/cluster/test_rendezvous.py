@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import gpucourse as gc
-from gpucourse.rendezvous import _fresh_key_count
+from gpucourse.cluster.rendezvous import _fresh_key_count
 
 import _launch_targets
 
@@ -121,7 +121,7 @@ def test_env_rendezvous_under_torchrun(tmp_path):
         with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}"), "w") as f:
             f.write(repr(join_env_twice()))
     """))
-    path = os.pathsep.join([str(pathlib.Path(gc.__file__).parents[1]), str(pathlib.Path(__file__).parent)])
+    path = os.pathsep.join([str(pathlib.Path(gc.__file__).parents[1]), str(pathlib.Path(__file__).parents[1])])
     env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
                           f"--master_port={gc.free_port()}", str(script), str(tmp_path)],

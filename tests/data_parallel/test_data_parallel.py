@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 
 import gpucourse as gc
-from gpucourse.device_workers import current_device_index
+from gpucourse.data_parallel.device_workers import current_device_index
 
 
 def _devs(n):

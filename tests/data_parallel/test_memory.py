@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import gpucourse as gc
-from gpucourse.device_workers import device_context, run_on_devices
+from gpucourse.data_parallel.device_workers import device_context, run_on_devices
 
 F32 = 4
 

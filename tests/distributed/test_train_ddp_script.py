@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "train_ddp.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_ddp.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
 
 

@@ -7,11 +7,11 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from gpucourse.check import run_notebook
-from gpucourse.exercises import (BEGIN, END, ExerciseFormatError, exercise_index,
+from gpucourse.grading.check import run_notebook
+from gpucourse.grading.exercises import (BEGIN, END, ExerciseFormatError, exercise_index,
                                  generate_exercises, make_exercise_notebook, strip_solutions)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
 

@@ -89,7 +89,7 @@ def test_split_and_merge_microbatches(batch, chunks):
     parts = gc.split_microbatches(x, chunks)
     sizes = [len(p) for p in parts]
     assert len(parts) == chunks and max(sizes) - min(sizes) <= 1
-    assert sizes == gc.pipeline_parallel.microbatch_sizes(batch, chunks)
+    assert sizes == gc.pipeline.pipeline_parallel.microbatch_sizes(batch, chunks)
     assert torch.equal(gc.merge_microbatches(parts), x)
 
 

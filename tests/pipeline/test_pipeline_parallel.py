@@ -186,7 +186,7 @@ def test_stages_with_different_batch_or_shape_fail_clearly():
 def test_run_pipeline_rejects_bad_arguments_before_starting_processes(kwargs, error, match, monkeypatch):
     def no_launch(*args, **kw):
         raise AssertionError("processes were started")
-    monkeypatch.setattr("gpucourse.launcher.launch", no_launch)
+    monkeypatch.setattr("gpucourse.runtime.launch", no_launch)
     x, y = _data(8)
     args = {**dict(model_fn=make_model, inputs=x, targets=y, num_stages=2, chunks=4), **kwargs}
     with pytest.raises(error, match=match):
@@ -209,7 +209,7 @@ def test_train_pipeline_checks_its_arguments_in_each_rank():
 ])
 def test_microbatch_sizes_rejects_bad_arguments(batch, chunks, error, match):
     with pytest.raises(error, match=match):
-        gc.pipeline_parallel.microbatch_sizes(batch, chunks)
+        gc.pipeline.pipeline_parallel.microbatch_sizes(batch, chunks)
 
 
 def test_torch_pipelining_with_uneven_micro_batches_fails_loudly():

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import gpucourse as gc
-from gpucourse.loss_scaling import update_scale
+from gpucourse.precision.loss_scaling import update_scale
 
 
 def _model(seed, sizes=(6, 12, 3)):

@@ -14,7 +14,7 @@ import pytest
 
 from gpucourse import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")

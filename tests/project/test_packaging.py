@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
 
 

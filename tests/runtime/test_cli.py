@@ -2,7 +2,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpucourse.doctor import doctor
+from gpucourse.runtime.doctor import doctor
 
 
 def test_doctor_reports_and_passes_smoke_test(capsys):
@@ -25,7 +25,7 @@ def test_doctor_flags_malformed_visible_devices(monkeypatch, capsys):
     assert "NOT READY" in capsys.readouterr().out
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_exercises_cli_check_mode():

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import gpucourse as gc
-import gpucourse.launcher as launch_mod
+import gpucourse.runtime.launcher as launch_mod
 
 import _launch_targets
 from _processes import wait_gone

@@ -1,0 +1,17 @@
+"""Chapters 02–03 — DataParallel and the balanced DataParallel, from scratch.
+
+- ``scatter_gather``  the four steps: scatter → replicate → parallel_apply → gather
+- ``data_parallel``   ``DataParallel`` (the four steps in ``forward``) and ``BalancedDataParallel``
+- ``device_workers``  the transport: one persistent worker thread per (virtual) device, its timeline
+- ``memory``          bytes per device during a step: why GPU 0 fills up
+"""
+
+from .data_parallel import BalancedDataParallel, DataParallel, balanced_chunk_sizes
+from .device_workers import current_device_index, plot_timeline, record_timeline
+from .memory import MemoryReport, MemoryTracker, dp_step_memory, memory_explorer, plot_memory
+from .scatter_gather import chunk_sizes_of, gather, parallel_apply, replicate, scatter, scatter_kwargs
+
+__all__ = ["BalancedDataParallel", "DataParallel", "balanced_chunk_sizes", "current_device_index",
+           "plot_timeline", "record_timeline", "MemoryReport", "MemoryTracker", "dp_step_memory",
+           "memory_explorer", "plot_memory", "chunk_sizes_of", "gather", "parallel_apply", "replicate",
+           "scatter", "scatter_kwargs"]

@@ -1,0 +1,64 @@
+"""The package keeps the course's shape: one folder per part, and the one rule of dependency
+(runtime imports no other part; parts import each other's public names only)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import gpucourse as gc
+
+PKG = Path(gc.__file__).resolve().parent
+PARTS = sorted(p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+
+
+def _relative_imports(path: Path):
+    """(level, module, names) of every ``from .x import y`` in a file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            yield node.level, node.module or "", [a.name for a in node.names], node.lineno
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpucourse."):
+            yield 0, node.module, [a.name for a in node.names], node.lineno
+
+
+def test_no_flat_modules_left():
+    flat = sorted(p.name for p in PKG.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert flat == [], f"modules outside a part's folder: {flat}"
+    assert {"runtime", "grading", "data", "basics", "data_parallel", "distributed", "cluster",
+            "precision", "pipeline"} <= set(PARTS)
+
+
+@pytest.mark.parametrize("part", PARTS)
+def test_parts_import_only_public_names_of_other_parts(part):
+    bad = []
+    for path in sorted((PKG / part).rglob("*.py")):
+        for level, module, names, line in _relative_imports(path):
+            where = f"{path.relative_to(PKG)}:{line}"
+            if level == 0:          # absolute gpucourse.<part>.<module> imports inside the package
+                bad.append(f"{where}: absolute import of {module}")
+                continue
+            if level == 1:
+                continue            # same part: free
+            target = module.split(".")
+            if part == "runtime":
+                bad.append(f"{where}: runtime must not import another part ({module})")
+            elif len(target) > 1:
+                bad.append(f"{where}: imports a module inside another part ({module}); use its public names")
+            elif any(n.startswith("_") for n in names):
+                bad.append(f"{where}: imports private names {names} from {module}")
+    assert bad == []
+
+
+def test_top_level_reexports_every_part_public_name():
+    import importlib
+
+    missing = []
+    for part in PARTS:
+        mod = importlib.import_module(f"gpucourse.{part}")
+        for name in getattr(mod, "__all__", []):
+            if part in ("grading",) or name.startswith("check_") and part == "runtime":
+                continue    # grading's engine and runtime's validators are internal tools
+            if getattr(gc, name, None) is not getattr(mod, name):
+                missing.append(f"{part}.{name}")
+    assert missing == []
