@@ -42,19 +42,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .timeline import ChunkRecord, Trace
+from ..runtime import check_int
 
 __all__ = ["BACKENDS", "chunk_sizes", "split_into_chunks", "parallel_map", "parallel_reduce",
            "SharedTotal", "accumulate_in_threads", "intra_op_threads", "pinned_to_cpus"]
 
 #: where :func:`parallel_map` runs the chunks
 BACKENDS = ("serial", "thread", "process")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,8 +78,8 @@ def chunk_sizes(n: int, num_chunks: int) -> list[int]:
         *fewer* chunks (``torch.arange(5).chunk(4)`` gives 3). Uneven chunks make the slowest
         worker set the pace: 10 items on 3 workers take as long as 4 items on one.
     """
-    _check_int("n", n, 0)
-    _check_int("num_chunks", num_chunks, 1)
+    check_int("n", n, 0)
+    check_int("num_chunks", num_chunks, 1)
     base, extra = divmod(n, num_chunks)
     return [base + 1 if i < extra else base for i in range(num_chunks)]
 
@@ -183,11 +177,11 @@ def _run_threads(fn, chunks, assignment, op, timeout):
 def _check_common(fn, workers, backend, num_chunks, timeout):
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__} {fn!r}")
-    _check_int("workers", workers, 1)
+    check_int("workers", workers, 1)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if num_chunks is not None:
-        _check_int("num_chunks", num_chunks, 1)
+        check_int("num_chunks", num_chunks, 1)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
 
@@ -433,7 +427,7 @@ def intra_op_threads(n: int) -> Iterator[None]:
     """
     import torch
 
-    _check_int("n", n, 1)
+    check_int("n", n, 1)
     old = torch.get_num_threads()
     torch.set_num_threads(n)
     try:

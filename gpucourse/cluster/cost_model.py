@@ -31,6 +31,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..runtime import check_int, check_number
+
 __all__ = [
     "LINKS",
     "AlphaBeta",
@@ -45,20 +47,6 @@ __all__ = [
 ]
 
 
-def _check_size(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-
-
-def _check_world(world_size) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {type(world_size).__name__} {world_size!r}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-
-
 def ring_all_reduce_bytes(nbytes: float, world_size: int) -> float:
     """Bytes each process sends in a ring all-reduce of ``nbytes``: ``2(p−1)/p · n``.
 
@@ -67,8 +55,8 @@ def ring_all_reduce_bytes(nbytes: float, world_size: int) -> float:
         >>> ring_all_reduce_bytes(100e6, 8)     # 100 MB of gradients, 8 processes
         175000000.0
     """
-    _check_size("nbytes", nbytes)
-    _check_world(world_size)
+    check_number("nbytes", nbytes, 0, finite=False)
+    check_int("world_size", world_size, 1)
     return 2 * (world_size - 1) / world_size * nbytes
 
 
@@ -91,9 +79,9 @@ def ring_all_reduce_time(nbytes: float, world_size: int, alpha: float, beta: flo
         With ``p`` processes spread over machines, use the α and β of the slowest link in the
         ring (the network between machines), not of the fast links inside a machine.
     """
-    _check_size("alpha", alpha)
-    _check_size("beta", beta)
-    _check_world(world_size)
+    check_number("alpha", alpha, 0, finite=False)
+    check_number("beta", beta, 0, finite=False)
+    check_int("world_size", world_size, 1)
     return 2 * (world_size - 1) * alpha + ring_all_reduce_bytes(nbytes, world_size) * beta
 
 
@@ -124,13 +112,13 @@ class AlphaBeta:
     name: str = "link"
 
     def __post_init__(self):
-        _check_size("alpha", self.alpha)
-        _check_size("beta", self.beta)
+        check_number("alpha", self.alpha, 0, finite=False)
+        check_number("beta", self.beta, 0, finite=False)
 
     @classmethod
     def from_bandwidth(cls, name: str, latency: float, gbit_per_s: float) -> AlphaBeta:
         """A link from its latency (s) and its bandwidth in Gbit/s (as vendors quote it)."""
-        _check_size("gbit_per_s", gbit_per_s)
+        check_number("gbit_per_s", gbit_per_s, 0, finite=False)
         if gbit_per_s == 0:
             raise ValueError("gbit_per_s must be > 0")
         return cls(latency, 8 / (gbit_per_s * 1e9), name)
@@ -142,7 +130,7 @@ class AlphaBeta:
 
     def transfer_time(self, nbytes: float) -> float:
         """``α + β·n``: one message of ``nbytes`` from one process to another."""
-        _check_size("nbytes", nbytes)
+        check_number("nbytes", nbytes, 0, finite=False)
         return self.alpha + self.beta * nbytes
 
     def ring_all_reduce_time(self, nbytes: float, world_size: int) -> float:
@@ -188,9 +176,9 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], name: str = "
         raise ValueError(f"sizes and times must have the same length, got {len(sizes)} and "
                          f"{len(times)}")
     for s in sizes:
-        _check_size("size", s)
+        check_number("size", s, 0, finite=False)
     for t in times:
-        _check_size("time", t)
+        check_number("time", t, 0, finite=False)
         if t == 0:
             raise ValueError("times must be > 0 seconds")
     if len(set(sizes)) < 2:
@@ -269,9 +257,8 @@ def _check_sizes(sizes, repeats):
     if not sizes:
         raise ValueError("sizes must list at least one message size in bytes")
     for s in sizes:
-        _check_size("size", s)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+        check_number("size", s, 0, finite=False)
+    check_int("repeats", repeats, 1)
 
 
 def measure_point_to_point(sizes: Sequence[int], *, repeats: int = 20, warmup: int = 3,
@@ -312,7 +299,7 @@ def measure_all_reduce(sizes: Sequence[int], world_size: int = 2, *, repeats: in
         says more about the scheduler than about the algorithm.
     """
     _check_sizes(sizes, repeats)
-    _check_world(world_size)
+    check_int("world_size", world_size, 1)
     from ..runtime import launch
 
     times = launch(_all_reduce_times, world_size, args=(list(sizes), repeats, warmup),
@@ -383,10 +370,10 @@ def predict_step_time(compute_seconds: float, grad_bytes: float, nnodes: int,
         A speed-up below 1 means the job runs *slower* on two machines than on one GPU. That is the
         seeds' experience with 1 GbE: check the prediction before buying nodes.
     """
-    _check_size("compute_seconds", compute_seconds)
-    _check_size("grad_bytes", grad_bytes)
-    _check_world(nnodes)
-    _check_world(nproc_per_node)
+    check_number("compute_seconds", compute_seconds, 0, finite=False)
+    check_number("grad_bytes", grad_bytes, 0, finite=False)
+    check_int("nnodes", nnodes, 1)
+    check_int("nproc_per_node", nproc_per_node, 1)
     if not isinstance(inter_node, AlphaBeta):
         raise TypeError(f"inter_node must be an AlphaBeta (e.g. gc.LINKS['1 GbE']), got "
                         f"{type(inter_node).__name__}")

@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 
 from .device_workers import (as_device, as_devices, current_device_index, device_context,
                              run_on_devices, span)
+from ..runtime import check_int
 
 __all__ = ["scatter", "scatter_kwargs", "chunk_sizes_of", "replicate", "parallel_apply", "gather"]
 
@@ -68,10 +69,8 @@ def chunk_sizes_of(batch_size: int, num_devices: int) -> list[int]:
         The batch should be larger than the number of devices, and ideally a multiple of it: with
         ``torch.chunk``'s rule an unlucky batch size leaves devices idle.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-        raise ValueError(f"batch_size must be an int >= 0, got {batch_size!r}")
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
-        raise ValueError(f"num_devices must be an int >= 1, got {num_devices!r}")
+    check_int("batch_size", batch_size, 0)
+    check_int("num_devices", num_devices, 1)
     if batch_size == 0:
         return []
     step = math.ceil(batch_size / num_devices)

@@ -33,17 +33,12 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..runtime import check_int
+
 __all__ = ["ring_schedule", "ring_all_reduce", "naive_all_reduce", "all_reduce_timings"]
 
 #: default segment size for pipelining the ring (bytes); a chunk is sent in pieces of this size
 DEFAULT_SEGMENT_BYTES = 1 << 20
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 def ring_schedule(rank: int, world_size: int) -> list[tuple[str, int, int, int]]:
@@ -74,8 +69,8 @@ def ring_schedule(rank: int, world_size: int) -> list[tuple[str, int, int, int]]
         while its neighbour expects chunk ``j`` adds the wrong numbers silently (same sizes) or
         waits forever (different sizes).
     """
-    _check_int("world_size", world_size, 1)
-    _check_int("rank", rank, 0)
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
     p = world_size
@@ -167,7 +162,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
         for a neighbour that never sends — until the group's timeout.
     """
     _check_tensor(tensor)
-    _check_int("segment_bytes", segment_bytes, 1)
+    check_int("segment_bytes", segment_bytes, 1)
     rank, p, global_rank = _group_info(group)
     if p == 1 or tensor.numel() == 0:
         return tensor
@@ -383,8 +378,8 @@ def all_reduce_timings(world_size: int, numel: int = 1 << 20, *, rounds: int = 1
     unknown = [n for n in names if n not in _IMPLEMENTATIONS]
     if unknown or not names:
         raise ValueError(f"implementations must be a non-empty subset of {_IMPLEMENTATIONS}, got {names}")
-    _check_int("numel", numel, 1)
-    _check_int("rounds", rounds, 1)
+    check_int("numel", numel, 1)
+    check_int("rounds", rounds, 1)
     times = launch(_timing_worker, world_size, args=(numel, rounds, segment_bytes, names),
                    timeout=timeout)[0]
     return {name: Timing(_LABELS[name], times[name]) for name in names}

@@ -26,6 +26,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..runtime import Timing, measure
+from ..runtime import check_int
 
 __all__ = ["ElementwiseNet", "training_step", "op_time_shares", "OpTimes", "PrecisionRun",
            "compare_precisions", "plot_time_split"]
@@ -62,8 +63,7 @@ class ElementwiseNet(nn.Module):
     def __init__(self, width: int = 32, depth: int = 4, ops: int = 2):
         super().__init__()
         for name, v in (("width", width), ("depth", depth), ("ops", ops)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+            check_int(name, v, 1)
         self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
         self.ops = ops
 
@@ -205,8 +205,7 @@ def op_time_shares(fn: Callable[[], object], *, warmup: int = 1) -> OpTimes:
         Timing each op adds a little overhead per op (and a device sync on GPUs), so use it for
         shares, not for absolute step times — :func:`gpucourse.measure` is for those.
     """
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    check_int("warmup", warmup, 0)
     for _ in range(warmup):
         fn()
     with _TimeOps() as timer:

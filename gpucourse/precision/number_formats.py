@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..runtime import check_int
+
 __all__ = ["FloatFormat", "float_format", "format_table", "bit_fields", "BitFields", "CastReport",
            "cast_report", "underflow_fraction", "lost_update_fraction", "plot_ranges",
            "plot_log2_histogram"]
@@ -85,9 +87,7 @@ class FloatFormat:
 
     def __post_init__(self):
         for field_name in ("exponent_bits", "mantissa_bits"):
-            value = getattr(self, field_name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field_name} must be an int >= 1, got {value!r}")
+            check_int(field_name, getattr(self, field_name), 1)
         if self.exponent_bits < 2:
             raise ValueError(f"exponent_bits must be >= 2 (one value is reserved for inf/NaN), "
                              f"got {self.exponent_bits}")
