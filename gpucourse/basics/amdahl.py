@@ -186,8 +186,7 @@ def measure_scaling(job: Callable[[int], object], workers: Iterable[int], *, rep
         raise TypeError(f"job must be callable as job(workers), got {type(job).__name__}")
     counts = list(workers)
     for n in counts:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"worker counts must be ints >= 1, got {n!r} in {counts!r}")
+        check_int(f"worker count in {counts!r}", n, 1)
     return {n: measure(lambda n=n: job(n), repeats=repeats, warmup=warmup,
                        name=f"{n} worker{'s' if n > 1 else ''}") for n in counts}
 

@@ -87,8 +87,7 @@ class DistributedSampler(Sampler[int]):
             rank = dist.get_rank() if rank is None else rank
         check_int("num_replicas", num_replicas, 1)
         check_int("seed", seed, -(2**63))
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}")
+        check_int("rank", rank)
         if not 0 <= rank < num_replicas:  # PyTorch's wording
             raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
         self.dataset = dataset
@@ -139,8 +138,7 @@ class DistributedSampler(Sampler[int]):
         Args:
             epoch: the epoch number; all ranks must pass the same value.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise TypeError(f"epoch must be an int, got {type(epoch).__name__} {epoch!r}")
+        check_int("epoch", epoch)
         self.epoch = epoch
         self._iterated_since_set_epoch = False
 
