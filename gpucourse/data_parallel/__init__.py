@@ -2,6 +2,7 @@
 
 - ``scatter_gather``  the four steps: scatter → replicate → parallel_apply → gather
 - ``data_parallel``   ``DataParallel`` (the four steps in ``forward``) and ``BalancedDataParallel``
+- ``concurrent_replicas``  how replicas run forward *and* backward at once on CPU virtual devices
 - ``device_workers``  the transport: one persistent worker thread per (virtual) device, its timeline
 - ``memory``          bytes per device during a step: why GPU 0 fills up
 """

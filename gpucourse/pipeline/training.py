@@ -26,7 +26,7 @@ from .gpipe import split_microbatches
 from .grid import ParallelGrid
 from .model_split import split_sequential
 from .pipeline_parallel import boundary_shapes, pipeline_step
-from .schedule import Timeline, gpipe_schedule
+from .schedule import Timeline, gpipe_schedule  # noqa: F401  (gpipe_schedule: PipelineRun's example)
 from .step_recorder import synced
 from ..runtime import check_int
 
