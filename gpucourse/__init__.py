@@ -61,3 +61,8 @@ from .pipeline import (GPipe, ModelParallel, ParallelGrid, PipelineComm, Pipelin
                        make_schedule, merge_microbatches, one_f_one_b_schedule, pipeline_step,
                        run_pipeline, split_microbatches, split_sequential, train_pipeline,
                        train_sequential, train_torch_pipelining, training_state_bytes)
+
+# --- sharding/ (chapter 08): ZeRO-1/2/3 from scratch, p2p reduce-scatter/all-gather, memory per rank
+from .sharding import (FullyShardedModule, RankMemory, ShardedRun, ZeroOptimizer, all_gather,
+                       measure_step_memory, reduce_scatter, shard_ranges, shard_size, train_sharded,
+                       wrap_for, zero_memory, zero_memory_parts)

@@ -1,0 +1,182 @@
+"""Where data parallelism's memory goes, and what each ZeRO stage removes — on paper and measured.
+
+Mixed-precision training with Adam keeps, per parameter (Ψ parameters in all):
+
+* the fp16/bf16 **parameters** — 2 bytes, 2Ψ,
+* their fp16/bf16 **gradients** — 2 bytes, 2Ψ,
+* the **optimizer state** — an fp32 master copy of the parameters, Adam's momentum and variance:
+  4 + 4 + 4 = 12 bytes, KΨ with K = 12.
+
+DDP keeps all of it on every rank: (2 + 2 + K)Ψ = 16Ψ. ZeRO (Rajbhandari et al., 2020) shards it
+over the N data-parallel ranks, one more kind of state per stage:
+
+| stage | sharded | bytes per device |
+|---|---|---|
+| 0 (DDP) | nothing | (2 + 2 + K)Ψ |
+| 1 | optimizer state | 4Ψ + KΨ/N |
+| 2 | + gradients | 2Ψ + (2 + K)Ψ/N |
+| 3 | + parameters | (2 + 2 + K)Ψ/N |
+
+:func:`zero_memory` is that table; :func:`measure_step_memory` measures the same parts for one
+real training step on this rank, with the meters of chapters 02 and 07.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..data_parallel import MemoryTracker
+from ..runtime import validate
+
+__all__ = ["zero_memory", "zero_memory_parts", "RankMemory", "measure_step_memory"]
+
+
+def zero_memory_parts(num_params: int, world_size: int, stage: int, *, k: int = 12) -> dict[str, float]:
+    """:func:`zero_memory` split into ``parameters``, ``gradients`` and ``optimizer state`` bytes.
+
+    Example::
+
+        >>> zero_memory_parts(1000, 4, 2)
+        {'parameters': 2000.0, 'gradients': 500.0, 'optimizer state': 3000.0}
+    """
+    validate.check_int("num_params", num_params, 0)
+    validate.check_int("world_size", world_size, 1)
+    validate.check_choice("stage", stage, (0, 1, 2, 3))
+    validate.check_number("k", k, 0)
+    psi, n = num_params, world_size
+    return {"parameters": 2 * psi / (n if stage >= 3 else 1),     # fp16 weights, 2 bytes each
+            "gradients": 2 * psi / (n if stage >= 2 else 1),      # fp16 gradients
+            "optimizer state": k * psi / (n if stage >= 1 else 1)}  # fp32 master + Adam's m, v
+
+
+def zero_memory(num_params: int, world_size: int, stage: int, *, k: int = 12) -> int:
+    """Bytes of model states per device for mixed-precision Adam, per the ZeRO paper.
+
+    ``stage`` 0 is plain data parallelism (DDP): ``(2 + 2 + k)Ψ``. Stage 1 shards the optimizer
+    state (``4Ψ + kΨ/N``), stage 2 also the gradients (``2Ψ + (2 + k)Ψ/N``), stage 3 also the
+    parameters (``(2 + 2 + k)Ψ/N``). Activations and temporary buffers are not included.
+
+    Args:
+        num_params: Ψ, the number of parameters of the model.
+        world_size: N, the number of data-parallel ranks the states are sharded over.
+        stage: 0 (DDP), 1, 2 or 3.
+        k: bytes of optimizer state per parameter: 12 for mixed-precision Adam (fp32 master
+            weights, momentum and variance), 8 for fp32 Adam (the weights are the parameters).
+
+    Returns:
+        bytes per device, rounded up to a whole byte.
+
+    Example::
+
+        >>> psi, n = 7_500_000_000, 64                   # the paper's Figure 1
+        >>> [round(zero_memory(psi, n, s) / 1e9, 1) for s in range(4)]
+        [120.0, 31.4, 16.6, 1.9]
+
+    .. warning::
+        Stage 3 looks free on paper, but every layer's full parameters must be gathered
+        (all-gather) before its forward *and* again before its backward: 1.5× DDP's traffic, and
+        the largest layer's full parameters must still fit on one device.
+    """
+    total = sum(zero_memory_parts(num_params, world_size, stage, k=k).values())
+    return int(-(-total // 1))
+
+
+# --- measured: the same parts for one real step on this rank -------------------------------------
+
+@dataclass
+class RankMemory:
+    """Bytes this rank holds for one training step, by kind (see :func:`measure_step_memory`)."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    peak: int
+
+    @property
+    def model_states(self) -> int:
+        """Parameters + gradients + optimizer state: what :func:`zero_memory` predicts."""
+        return self.parameters + self.gradients + self.optimizer_state
+
+    def as_dict(self) -> dict[str, int]:
+        return {"parameters": self.parameters, "gradients": self.gradients,
+                "optimizer state": self.optimizer_state, "activations": self.activations}
+
+
+def _storage_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            t = t.to_local() if hasattr(t, "to_local") else t     # FSDP2's DTensor: this rank's shard
+            s = t.untyped_storage()
+            key = (s.data_ptr(), s.nbytes())
+            if key not in seen:
+                seen.add(key)
+                total += s.nbytes()
+    return total
+
+
+def _optimizer_params(optimizer) -> list:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def _optimizer_state_tensors(optimizer) -> list:
+    inner = getattr(optimizer, "optim", optimizer)       # torch's ZeroRedundancyOptimizer: its local part
+    return [v for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
+def measure_step_memory(model: torch.nn.Module, optimizer, inputs: torch.Tensor, target: torch.Tensor,
+                        loss_fn=F.mse_loss) -> RankMemory:
+    """Run one training step on this rank and count the bytes it holds, by kind.
+
+    * **parameters** — storages of ``model.parameters()`` and the optimizer's parameters (a
+      ZeRO-1/2 rank: the whole flat buffer; a ZeRO-3 rank: its shards);
+    * **gradients** — storages of their ``.grad`` right after ``optimizer.step()``;
+    * **optimizer state** — the tensors in ``optimizer.state`` (for torch's
+      ``ZeroRedundancyOptimizer``, its local optimizer's);
+    * **activations** — bytes the forward leaves alive for the backward, and **peak** — the
+      highest live bytes during the step, both counted by chapter 02's ``gc.MemoryTracker`` (new
+      storages since the step started, so parameters gathered and freed again show up in ``peak``).
+
+    Storages are counted once however many tensors view them. The step ends with
+    ``optimizer.zero_grad()``.
+
+    Args:
+        model: the (possibly wrapped) model; called as ``model(inputs)``.
+        optimizer: a ``torch.optim`` optimizer, a :class:`gpucourse.ZeroOptimizer`, or torch's
+            ``ZeroRedundancyOptimizer``.
+        inputs, target: this rank's batch; ``loss_fn(model(inputs), target)`` is the loss.
+
+    Example::
+
+        >>> from torch import nn
+        >>> model = nn.Linear(100, 10)                          # 1010 fp32 parameters
+        >>> opt = torch.optim.Adam(model.parameters())
+        >>> m = measure_step_memory(model, opt, torch.randn(8, 100), torch.randn(8, 10))
+        >>> m.parameters, m.gradients, m.optimizer_state   # 4 + 4 + 8 bytes per parameter (+ Adam's step)
+        (4040, 4040, 8088)
+
+    .. warning::
+        On CPU the tracker sees tensors created by PyTorch operators only (not scratch space inside
+        a kernel); on CUDA it reads ``torch.cuda.memory_allocated``. Either way it counts *this*
+        process: run it on every rank.
+    """
+    validate.check_type("model", model, torch.nn.Module, "an nn.Module")
+    validate.check_tensor("inputs", inputs)
+    validate.check_tensor("target", target)
+    params = list(model.parameters()) + _optimizer_params(optimizer)
+    device = inputs.device if inputs.device.type == "cuda" else "cpu:0"
+    with MemoryTracker([device]) as tracker:
+        loss = loss_fn(model(inputs), target)
+        activations = next(iter(tracker.live().values()))      # what the forward keeps for backward
+        loss.backward()
+        optimizer.step()
+        grads = _storage_bytes(p.grad for p in params if p.grad is not None)
+        peak = next(iter(tracker.peak().values()))
+    state = _storage_bytes(_optimizer_state_tensors(optimizer))
+    optimizer.zero_grad()
+    return RankMemory(parameters=_storage_bytes(params), gradients=grads, optimizer_state=state,
+                      activations=activations, peak=peak)
