@@ -63,7 +63,7 @@ from .pipeline import (GPipe, ModelParallel, ParallelGrid, PipelineComm, Pipelin
                        train_sequential, train_torch_pipelining, training_state_bytes)
 
 # --- sharding/ (chapter 08): ZeRO-1/2/3 from scratch, p2p reduce-scatter/all-gather, memory per rank
-from .sharding import (STRATEGIES, CheckpointedSequential, FullyShardedModule, MLPBlock, RankMemory, RecomputePoint,
-                       ShardedRun, ZeroOptimizer, activation_bytes, all_gather, measure_step_memory,
-                       recompute_sweep, reduce_scatter, residual_mlp, shard_ranges, shard_size,
-                       train_sharded, wrap_for, zero_memory, zero_memory_parts)
+from .sharding import (STRATEGIES, CheckpointedSequential, FullyShardedModule, MLPBlock, RankMemory,
+                       RecomputePoint, ShardedRun, ZeroOptimizer, activation_bytes, all_gather,
+                       measure_step_memory, recompute_sweep, reduce_scatter, residual_mlp, shard_ranges,
+                       shard_size, train_sharded, wrap_for, zero_memory, zero_memory_parts)
