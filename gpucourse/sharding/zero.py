@@ -86,7 +86,8 @@ class ZeroOptimizer:
     .. warning::
         The parameters become views into the flat buffer. Assigning ``p.data = …`` (or moving the
         model with ``.to()``) afterwards detaches them from it, and the updates no longer reach the
-        model. Every rank must call ``step()`` — it holds two collectives. In stage 2 every
+        model. In stage 1 their ``.grad`` are views into a flat gradient buffer that ``step()``
+        reduce-scatters in place: read (or clip) gradients before ``step()``, not after. Every rank must call ``step()`` — it holds two collectives. In stage 2 every
         parameter must get a gradient in each backward (as in DDP without
         ``find_unused_parameters``); one that does not is reduced, as zeros, at ``step()``.
     """
@@ -132,18 +133,31 @@ class ZeroOptimizer:
         self.shard = nn.Parameter(self.flat[start:end])
         self.optimizer = optimizer_class([self.shard], **optimizer_kwargs)
         self._ready: set[int] = set()
+        self._grads = None
         self._hooks = []
         if stage == 2:
             self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
 
     # -- 2) gradients: reduce-scatter, keep this rank's slice, divided by N -----------------------
     def _reduce_gradients(self) -> None:
-        grads = torch.zeros_like(self.flat)                            # (N·S,) this rank's sums
+        # stage 1 keeps full gradients anyway: one flat buffer that backward accumulates into
+        # directly (the parameters' .grad are views into it, as DDP's gradient_as_bucket_view);
+        # stage 2 builds the buffer for the reduce-scatter and drops it right after.
+        grads = self._grads if self._grads is not None else torch.zeros_like(self.flat)  # (N·S,)
         for p, offset in zip(self.params, self.offsets):
-            if p.grad is not None:
-                grads[offset:offset + p.numel()] = p.grad.reshape(-1)
+            view = grads[offset:offset + p.numel()].view_as(p)
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+            if self.stage == 1:
+                p.grad = view
+        if self.stage == 1:
+            self._grads = grads
         mine = _reduce_scatter_flat(grads, self.group).div_(self.world_size)   # (S,) averaged
-        if self.shard.grad is None:
+        if self.stage == 1:
+            self.shard.grad = mine                # a view into the buffer: no copy
+        elif self.shard.grad is None:
             self.shard.grad = mine.clone()
         else:                                     # stage 2 with gradient accumulation: add up
             self.shard.grad.add_(mine)
@@ -173,8 +187,16 @@ class ZeroOptimizer:
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset the model's gradients and the shard's gradient."""
-        for p in [*self.params, self.shard]:
+        """Reset the model's gradients and the shard's gradient.
+
+        In stage 1 the model's gradients are views into one flat buffer: it is zeroed and kept
+        (``set_to_none`` is ignored for them), so the next backward accumulates straight into it.
+        """
+        self.shard.grad = None
+        if self._grads is not None:               # stage 1
+            self._grads.zero_()
+            return
+        for p in self.params:
             if set_to_none:
                 p.grad = None
             elif p.grad is not None:

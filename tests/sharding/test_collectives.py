@@ -8,6 +8,9 @@ import gpucourse as gc
 
 SHAPES = [(), (1,), (2,), (7,), (3, 5), (10_007,), (4, 6, 2), (0,)]
 DTYPES = [torch.float32, torch.float64, torch.int64]
+# torch 2.14 renamed them (the old names still work, with a FutureWarning)
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _data(rank, shape, dtype, seed):
@@ -28,16 +31,16 @@ def _cases(rank, world_size):
             padded = torch.zeros(world_size * s, dtype=dtype)
             padded[:n] = x.reshape(-1)
             ref = torch.empty(s, dtype=dtype)
-            dist.reduce_scatter_tensor(ref, padded)                   # torch's, on the padded tensor
+            REDUCE_SCATTER(ref, padded)                   # torch's, on the padded tensor
             got = gc.reduce_scatter(x)
             ref_g = torch.empty(world_size * s, dtype=dtype)
-            dist.all_gather_into_tensor(ref_g, got)
+            ALL_GATHER(ref_g, got)
             gathered = gc.all_gather(got)
             out.append((shape, dtype, ref, got, ref_g, gathered, torch.equal(x, before)))
     # a non-contiguous shard (a transposed view) and a 2-D shard: gathered along dim 0
     m = _data(rank, (3, 4), torch.float32, 99).t()
     ref2 = torch.empty(world_size * 4, 3)
-    dist.all_gather_into_tensor(ref2, m.contiguous())
+    ALL_GATHER(ref2, m.contiguous())
     out.append(("t", torch.float32, ref2, gc.all_gather(m), ref2, gc.all_gather(m), True))
     return out
 
