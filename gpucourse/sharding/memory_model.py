@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from ..data_parallel import MemoryTracker
 from ..runtime import validate
 
-__all__ = ["zero_memory", "zero_memory_parts", "RankMemory", "measure_step_memory"]
+__all__ = ["zero_memory", "zero_memory_parts", "RankMemory", "measure_step_memory", "plot_zero_memory",
+           "zero_memory_widget"]
 
 
 def zero_memory_parts(num_params: int, world_size: int, stage: int, *, k: int = 12) -> dict[str, float]:
@@ -180,3 +181,85 @@ def measure_step_memory(model: torch.nn.Module, optimizer, inputs: torch.Tensor,
     optimizer.zero_grad()
     return RankMemory(parameters=_storage_bytes(params), gradients=grads, optimizer_state=state,
                       activations=activations, peak=peak)
+
+
+# --- a picture and a widget: thin views over zero_memory_parts ------------------------------------
+
+_COLORS = {"parameters": "#4c72b0", "gradients": "#dd8452", "optimizer state": "#55a868"}
+
+
+def plot_zero_memory(num_params: int, world_size: int, *, k: int = 12, ax=None):
+    """Stacked bars: bytes per device of stages 0-3 for ``num_params`` on ``world_size`` ranks (GB).
+
+    Example::
+
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> ax = plot_zero_memory(7_500_000_000, 64)
+        >>> [t.get_text() for t in ax.get_xticklabels()]
+        ['DDP', 'ZeRO-1', 'ZeRO-2', 'ZeRO-3']
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.2))
+    parts = [zero_memory_parts(num_params, world_size, s, k=k) for s in range(4)]
+    labels = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
+    bottom = [0.0] * 4
+    for part, color in _COLORS.items():
+        values = [p[part] / 1e9 for p in parts]
+        ax.bar(labels, values, bottom=bottom, color=color, label=part)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:.1f}", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("GB per device")
+    ax.set_title(f"{num_params / 1e9:g} B parameters, {world_size} ranks, K = {k}")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def zero_memory_widget(num_params: float = 7.5e9, world_size: int = 64):
+    """Sliders for model size (billions), ranks and K → :func:`plot_zero_memory`'s bars.
+
+    Returns an ``ipywidgets.VBox`` whose ``.update(billions, world_size, k)`` redraws it (usable
+    without a browser) and returns the four :func:`zero_memory` values.
+
+    Example::
+
+        >>> view = zero_memory_widget()
+        >>> [round(b / 1e9, 1) for b in view.update(7.5, 64, 12)]
+        [120.0, 31.4, 16.6, 1.9]
+    """
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    size = widgets.FloatLogSlider(value=num_params / 1e9, base=10, min=-1, max=3, description="params (B)")
+    ranks = widgets.IntSlider(value=world_size, min=1, max=1024, description="ranks")
+    kslider = widgets.IntSlider(value=12, min=4, max=16, description="K")
+    out = widgets.Output()
+
+    def update(billions=None, world_size=None, k=None):
+        psi = int((billions if billions is not None else size.value) * 1e9)
+        n = world_size if world_size is not None else ranks.value
+        kk = k if k is not None else kslider.value
+        with out:
+            if _in_kernel():
+                out.clear_output(wait=True)
+            fig, ax = plt.subplots(figsize=(5.5, 3.2))
+            plot_zero_memory(psi, n, k=kk, ax=ax)
+            plt.show()
+            plt.close(fig)
+        return [zero_memory(psi, n, s, k=kk) for s in range(4)]
+
+    for w in (size, ranks, kslider):
+        w.observe(lambda _: update(), names="value")
+    box = widgets.VBox([size, ranks, kslider, out])
+    box.update = update
+    return box
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
