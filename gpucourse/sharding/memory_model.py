@@ -23,6 +23,7 @@ real training step on this rank, with the meters of chapters 02 and 07.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -81,8 +82,13 @@ def zero_memory(num_params: int, world_size: int, stage: int, *, k: int = 12) ->
         (all-gather) before its forward *and* again before its backward: 1.5× DDP's traffic, and
         the largest layer's full parameters must still fit on one device.
     """
-    total = sum(zero_memory_parts(num_params, world_size, stage, k=k).values())
-    return int(-(-total // 1))
+    parts = zero_memory_parts(num_params, world_size, stage, k=k)       # checks the arguments
+    if isinstance(k, int):        # exact: count in units of 1/N byte, then round up once
+        n = world_size
+        units = (2 * num_params * (1 if stage >= 3 else n) + 2 * num_params * (1 if stage >= 2 else n)
+                 + k * num_params * (1 if stage >= 1 else n))
+        return -(-units // n)
+    return math.ceil(sum(parts.values()))
 
 
 # --- measured: the same parts for one real step on this rank -------------------------------------
