@@ -60,7 +60,11 @@ def _group_info(group):
     return rank, dist.get_world_size(group), global_rank
 
 
-def _ring_phase(buf: torch.Tensor, group, phase: str) -> torch.Tensor:
+#: chunks travel in segments of this many bytes: adding one segment overlaps receiving the next
+SEGMENT_BYTES = 1 << 20
+
+
+def _ring_phase(buf: torch.Tensor, group, phase: str, segment_bytes: int | None = None) -> torch.Tensor:
     """Run one phase of the ring on ``buf`` (1-D, contiguous, ``numel % p == 0``), in place.
 
     ``"reduce-scatter"``: afterwards chunk ``rank`` of ``buf`` holds the sum over ranks (the other
@@ -72,19 +76,27 @@ def _ring_phase(buf: torch.Tensor, group, phase: str) -> torch.Tensor:
         return buf
     chunks = buf.view(p, -1)                              # (p, S): row i is chunk i
     right, left = global_rank((rank + 1) % p), global_rank((rank - 1) % p)
-    incoming = torch.empty_like(chunks[0]) if phase == "reduce-scatter" else None
-    for step, (ph, _, send, recv) in enumerate(ring_schedule(rank, p)):
-        if ph != phase:
-            continue
-        send, recv = (send - 1) % p, (recv - 1) % p       # rename: chunk r must end on rank r
-        target = incoming if incoming is not None else chunks[recv]
-        # plain isend + irecv (batch_isend_irecv can hang on gloo); both posted before waiting
-        works = [dist.isend(chunks[send], right, group=group, tag=step),
-                 dist.irecv(target, left, group=group, tag=step)]
-        for w in works:
+    segment_bytes = SEGMENT_BYTES if segment_bytes is None else segment_bytes
+    seg = max(1, segment_bytes // buf.element_size())     # elements per segment
+    reduce = phase == "reduce-scatter"
+    incoming = torch.empty_like(chunks[0]) if reduce else None
+    steps = [(s, (send - 1) % p, (recv - 1) % p)           # rename: chunk r must end on rank r
+             for s, (ph, _, send, recv) in enumerate(ring_schedule(rank, p)) if ph == phase]
+    for step, send, recv in steps:
+        target = incoming if reduce else chunks[recv]
+        pieces = range(0, chunks.shape[1], seg)
+        # plain isend + irecv (batch_isend_irecv can hang on gloo): everything posted, then waited
+        # on piece by piece, so adding piece k overlaps the transfer of piece k + 1
+        recvs = [dist.irecv(target[i:i + seg], left, group=group, tag=step * len(pieces) + k)
+                 for k, i in enumerate(pieces)]
+        sends = [dist.isend(chunks[send][i:i + seg], right, group=group, tag=step * len(pieces) + k)
+                 for k, i in enumerate(pieces)]
+        for k, i in enumerate(pieces):
+            recvs[k].wait()
+            if reduce:
+                chunks[recv][i:i + seg].add_(incoming[i:i + seg])
+        for w in sends:
             w.wait()
-        if incoming is not None:
-            chunks[recv].add_(incoming)
     return buf
 
 

@@ -45,8 +45,11 @@ def _cases(rank, world_size):
     return out
 
 
+@pytest.mark.parametrize("segment_bytes", [1 << 20, 12])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_equal_torch_collectives(world_size):
+def test_equal_torch_collectives(world_size, segment_bytes, monkeypatch):
+    # tiny segments: every chunk travels in many pieces (the children are forked: they see the patch)
+    monkeypatch.setattr(gc.sharding.collectives, "SEGMENT_BYTES", segment_bytes)
     for rank_out in gc.launch(_cases, world_size, timeout=120):
         for shape, dtype, ref, got, ref_g, gathered, unchanged in rank_out:
             assert unchanged, f"{shape} {dtype}: the input was modified"
