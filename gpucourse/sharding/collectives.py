@@ -61,7 +61,7 @@ def _group_info(group):
 
 
 #: chunks travel in segments of this many bytes: adding one segment overlaps receiving the next
-SEGMENT_BYTES = 1 << 20
+SEGMENT_BYTES = 4 << 20
 
 
 def _ring_phase(buf: torch.Tensor, group, phase: str, segment_bytes: int | None = None) -> torch.Tensor:

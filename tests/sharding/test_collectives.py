@@ -45,7 +45,7 @@ def _cases(rank, world_size):
     return out
 
 
-@pytest.mark.parametrize("segment_bytes", [1 << 20, 12])
+@pytest.mark.parametrize("segment_bytes", [4 << 20, 12])
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_equal_torch_collectives(world_size, segment_bytes, monkeypatch):
     # tiny segments: every chunk travels in many pieces (the children are forked: they see the patch)
