@@ -20,7 +20,6 @@ Timings on a shared machine are noisy: the script reports how much CPU other pro
 """
 
 import os
-import statistics
 import sys
 import time
 
@@ -80,7 +79,7 @@ def _step_worker(rank, world_size):
         step(n)
     for r in range(ROUNDS):
         for n in names[r % 3:] + names[:r % 3]:
-            times[n] += [_timed(lambda: step(n)) for _ in range(STEPS)]
+            times[n] += [_timed(lambda n=n: step(n)) for _ in range(STEPS)]
     # memory per rank: one measured step each (DDP, ZeRO-1)
     memory = {n: gc.measure_step_memory(*setups[n], x, y) for n in ("ddp", "zero1")}
     # ZeRO-3: parameter bytes held between layers

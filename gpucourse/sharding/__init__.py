@@ -12,15 +12,49 @@
 from .collectives import all_gather, reduce_scatter, shard_size
 from .communication import measure_zero_comm, zero_comm_bytes, zero_comm_time
 from .fsdp import FullyShardedModule
-from .memory_model import (RankMemory, measure_step_memory, plot_zero_memory, zero_memory, zero_memory_parts,
-                           zero_memory_widget)
-from .recompute import (CheckpointedSequential, MLPBlock, RecomputePoint, activation_bytes, recompute_sweep,
-                        residual_mlp)
+from .memory_model import (
+                           RankMemory,
+                           measure_step_memory,
+                           plot_zero_memory,
+                           zero_memory,
+                           zero_memory_parts,
+                           zero_memory_widget,
+)
+from .recompute import (
+                           CheckpointedSequential,
+                           MLPBlock,
+                           RecomputePoint,
+                           activation_bytes,
+                           recompute_sweep,
+                           residual_mlp,
+)
 from .training import STRATEGIES, ShardedRun, train_sharded, wrap_for
 from .zero import ZeroOptimizer, shard_ranges
 
-__all__ = ["all_gather", "reduce_scatter", "shard_size", "FullyShardedModule", "RankMemory",
-           "measure_step_memory", "zero_memory", "zero_memory_parts", "ZeroOptimizer", "shard_ranges",
-           "CheckpointedSequential", "MLPBlock", "RecomputePoint", "activation_bytes", "recompute_sweep",
-           "residual_mlp", "measure_zero_comm", "zero_comm_bytes", "zero_comm_time", "plot_zero_memory",
-           "zero_memory_widget", "STRATEGIES", "ShardedRun", "train_sharded", "wrap_for"]
+__all__ = [
+                           "STRATEGIES",
+                           "CheckpointedSequential",
+                           "FullyShardedModule",
+                           "MLPBlock",
+                           "RankMemory",
+                           "RecomputePoint",
+                           "ShardedRun",
+                           "ZeroOptimizer",
+                           "activation_bytes",
+                           "all_gather",
+                           "measure_step_memory",
+                           "measure_zero_comm",
+                           "plot_zero_memory",
+                           "recompute_sweep",
+                           "reduce_scatter",
+                           "residual_mlp",
+                           "shard_ranges",
+                           "shard_size",
+                           "train_sharded",
+                           "wrap_for",
+                           "zero_comm_bytes",
+                           "zero_comm_time",
+                           "zero_memory",
+                           "zero_memory_parts",
+                           "zero_memory_widget",
+]

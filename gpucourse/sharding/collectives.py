@@ -29,7 +29,7 @@ import torch.distributed as dist
 from ..distributed import ring_schedule
 from ..runtime import validate
 
-__all__ = ["reduce_scatter", "all_gather", "shard_size"]
+__all__ = ["all_gather", "reduce_scatter", "shard_size"]
 
 
 def shard_size(numel: int, world_size: int) -> int:
@@ -163,7 +163,7 @@ def reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
         waiting until the group's timeout.
     """
     _check_input("tensor", tensor)
-    rank, p, _ = _group_info(group)
+    _, p, _ = _group_info(group)
     _same_on_every_rank("tensor shape and dtype", (tuple(tensor.shape), str(tensor.dtype)), group)
     n, s = tensor.numel(), shard_size(tensor.numel(), p)
     buf = torch.zeros(p * s, dtype=tensor.dtype, device=tensor.device)   # (p·S,) padded copy

@@ -21,7 +21,7 @@ from ..distributed import ring_all_reduce
 from ..runtime import launch, validate
 from .collectives import _all_gather_flat, _reduce_scatter_flat
 
-__all__ = ["zero_comm_bytes", "zero_comm_time", "measure_zero_comm"]
+__all__ = ["measure_zero_comm", "zero_comm_bytes", "zero_comm_time"]
 
 _HALVES = {0: 2, 1: 2, 2: 2, 3: 3}      # ring phases per step: all-reduce = 2, ZeRO-3 = 3
 
@@ -41,7 +41,7 @@ def zero_comm_bytes(nbytes: float, world_size: int, stage: int) -> float:
 
 
 def zero_comm_time(nbytes: float, world_size: int, stage: int, alpha: float, beta: float) -> float:
-    """α-β time of a step's communication: ``h(p-1)·α + h(p-1)/p · n · β`` (see :func:`zero_comm_bytes`).
+    """α-β time of one step's communication: ``h(p-1)·α + h(p-1)/p · n · β``.
 
     Example::
 

@@ -97,7 +97,7 @@ class _GatherParams(torch.autograd.Function):
 class _Note:
     """Saved for backward instead of a gathered weight: which unit, and which view of its buffer."""
 
-    __slots__ = ("unit", "size", "stride", "offset")
+    __slots__ = ("offset", "size", "stride", "unit")
 
     def __init__(self, unit, t):
         self.unit, self.size, self.stride, self.offset = unit, t.size(), t.stride(), t.storage_offset()

@@ -32,8 +32,14 @@ import torch.nn.functional as F
 from ..data_parallel import MemoryTracker
 from ..runtime import validate
 
-__all__ = ["zero_memory", "zero_memory_parts", "RankMemory", "measure_step_memory", "plot_zero_memory",
-           "zero_memory_widget"]
+__all__ = [
+    "RankMemory",
+    "measure_step_memory",
+    "plot_zero_memory",
+    "zero_memory",
+    "zero_memory_parts",
+    "zero_memory_widget",
+]
 
 
 def zero_memory_parts(num_params: int, world_size: int, stage: int, *, k: int = 12) -> dict[str, float]:

@@ -27,8 +27,14 @@ from torch.utils.checkpoint import checkpoint
 from ..data_parallel import MemoryTracker
 from ..runtime import validate
 
-__all__ = ["MLPBlock", "residual_mlp", "CheckpointedSequential", "RecomputePoint", "recompute_sweep",
-           "activation_bytes"]
+__all__ = [
+    "CheckpointedSequential",
+    "MLPBlock",
+    "RecomputePoint",
+    "activation_bytes",
+    "recompute_sweep",
+    "residual_mlp",
+]
 
 
 class MLPBlock(nn.Module):
@@ -128,7 +134,8 @@ class RecomputePoint:
     step_time: float
 
 
-def recompute_sweep(blocks: nn.Sequential, x: torch.Tensor, choices, *, repeats: int = 5) -> list[RecomputePoint]:
+def recompute_sweep(blocks: nn.Sequential, x: torch.Tensor, choices, *,
+                    repeats: int = 5) -> list[RecomputePoint]:
     """Measure activation bytes and step time (forward + backward + SGD) for each set of checkpointed blocks.
 
     Args:

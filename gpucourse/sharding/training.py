@@ -10,12 +10,11 @@ this rank held, so that the lesson and ``benchmarks/sharding.py`` compare strate
 | ``"ddp"`` | ``DistributedDataParallel(model)`` | ``optimizer_class`` (full replica) |
 | ``"zero1"``, ``"zero2"`` | the plain model | :class:`ZeroOptimizer` stage 1 / 2 |
 | ``"zero3"`` | :class:`FullyShardedModule` | ``optimizer_class`` on the shards |
-| ``"torch_zero"`` | ``DistributedDataParallel(model)`` | ``torch.distributed.optim.ZeroRedundancyOptimizer`` |
+| ``"torch_zero"`` | ``DistributedDataParallel(model)`` | torch's ``ZeroRedundancyOptimizer`` |
 | ``"fsdp2"`` | ``fully_shard`` on every child, then on the root | ``optimizer_class`` on the DTensor shards |
 """
 
 from __future__ import annotations
-
 
 import time
 from dataclasses import dataclass, field

@@ -87,7 +87,8 @@ class ZeroOptimizer:
         The parameters become views into the flat buffer. Assigning ``p.data = …`` (or moving the
         model with ``.to()``) afterwards detaches them from it, and the updates no longer reach the
         model. In stage 1 their ``.grad`` are views into a flat gradient buffer that ``step()``
-        reduce-scatters in place: read (or clip) gradients before ``step()``, not after. Every rank must call ``step()`` — it holds two collectives. In stage 2 every
+        reduce-scatters in place: read (or clip) gradients before ``step()``, not after.
+        Every rank must call ``step()`` — it holds two collectives. In stage 2 every
         parameter must get a gradient in each backward (as in DDP without
         ``find_unused_parameters``); one that does not is reduced, as zeros, at ``step()``.
     """
@@ -240,7 +241,8 @@ class ZeroOptimizer:
         """Load a state from :meth:`state_dict` (saved on any number of ranks) and keep this rank's slice."""
         validate.check_type("state_dict", state_dict, dict)
         groups = state_dict.get("param_groups")
-        if not isinstance(groups, list) or len(groups) != 1 or len(groups[0].get("params", ())) != len(self.params):
+        if (not isinstance(groups, list) or len(groups) != 1
+                or len(groups[0].get("params", ())) != len(self.params)):
             raise ValueError(f"state_dict must hold one parameter group with {len(self.params)} parameters "
                              "(as ZeroOptimizer.state_dict() or the plain optimizer's state_dict() on the "
                              "same model returns)")
@@ -251,7 +253,8 @@ class ZeroOptimizer:
             start, end = self.ranges[self.rank]
             for key, value in full_state[ids[0]].items():
                 per_element = key != "step" and all(
-                    isinstance(full_state[pid].get(key), torch.Tensor) and full_state[pid][key].shape == p.shape
+                    isinstance(full_state[pid].get(key), torch.Tensor)
+                    and full_state[pid][key].shape == p.shape
                     for p, pid in zip(self.params, ids))
                 if per_element:
                     flat = torch.zeros(self.flat.numel(), dtype=value.dtype)

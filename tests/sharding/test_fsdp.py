@@ -1,8 +1,8 @@
-"""FullyShardedModule (ZeRO-3): outputs and updates equal DDP's; each rank stores 1/N; layers gathered one at a time."""
+"""FullyShardedModule (ZeRO-3): outputs and updates equal DDP's; each rank stores 1/N; one layer
+gathered at a time."""
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -106,7 +106,8 @@ def _bad(rank, world_size, case):
         if case == "shapes":
             gc.FullyShardedModule(nn.Linear(3, 4 + rank))
         elif case == "names":
-            gc.FullyShardedModule(nn.Sequential(nn.Linear(3, 3)) if rank else nn.Sequential(nn.Identity(), nn.Linear(3, 3)))
+            layers = [nn.Linear(3, 3)] if rank else [nn.Identity(), nn.Linear(3, 3)]   # names 0.* vs 1.*
+            gc.FullyShardedModule(nn.Sequential(*layers))
     except ValueError as e:
         return str(e)
     return None

@@ -1,4 +1,5 @@
-"""zero_memory follows the ZeRO paper's formulas (Figure 1 included); the per-rank meter counts real tensors."""
+"""zero_memory follows the ZeRO paper's formulas (Figure 1 included); the per-rank meter counts
+real tensors."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""ZeroOptimizer (ZeRO-1/2) trains exactly like DDP + the same optimizer; its state is 1/N; checkpoints re-shard."""
+"""ZeroOptimizer (ZeRO-1/2) trains exactly like DDP + the same optimizer; its state is 1/N;
+checkpoints re-shard."""
 
 import pytest
 import torch
@@ -60,7 +61,8 @@ def _vs_ddp(rank, world_size, stage, opt_name, steps, accumulation):
         ddp_opt.step()
         ddp_opt.zero_grad()
     shard_state = sum(v.numel() * v.element_size() for v in zero.state[zero.shard].values() if v.dim() > 0)
-    full_state = sum(v.numel() * v.element_size() for s in ddp_opt.state.values() for v in s.values() if v.dim() > 0)
+    full_state = sum(v.numel() * v.element_size() for s in ddp_opt.state.values() for v in s.values()
+                     if v.dim() > 0)
     return (model.state_dict(), ddp.module.state_dict(), zero.state_dict(), ddp_opt.state_dict(),
             shard_state, full_state)
 
@@ -119,7 +121,8 @@ def _single_process_reference(steps):
     return model.state_dict()
 
 
-@pytest.mark.parametrize("stage_before, stage_after, world_after", [(1, 1, 1), (2, 2, 3), (2, 1, 3), (1, 2, 1)])
+@pytest.mark.parametrize("stage_before, stage_after, world_after",
+                         [(1, 1, 1), (2, 2, 3), (2, 1, 3), (1, 2, 1)])
 def test_checkpoint_reshards(tmp_path, stage_before, stage_after, world_after):
     path = str(tmp_path / "ckpt.pt")
     saved = gc.launch(_save, 2, args=(stage_before, path), timeout=120)[0]
@@ -166,7 +169,7 @@ def test_bad_arguments():
 
 
 def test_shard_ranges():
-    for numel in range(0, 40):
+    for numel in range(40):
         for n in range(1, 7):
             ranges = gc.shard_ranges(numel, n)
             sizes = {e - s for s, e in ranges}
