@@ -65,6 +65,7 @@ from .pipeline import (GPipe, ModelParallel, ParallelGrid, PipelineComm, Pipelin
 # --- sharding/ (chapter 08): ZeRO-1/2/3 from scratch, p2p reduce-scatter/all-gather, memory per rank
 from .sharding import (STRATEGIES, CheckpointedSequential, FullyShardedModule, MLPBlock, RankMemory,
                        RecomputePoint, ShardedRun, ZeroOptimizer, activation_bytes, all_gather,
-                       measure_step_memory, measure_zero_comm, plot_zero_memory, recompute_sweep,
-                       reduce_scatter, residual_mlp, shard_ranges, shard_size, train_sharded, wrap_for,
-                       zero_comm_bytes, zero_comm_time, zero_memory, zero_memory_parts, zero_memory_widget)
+                       measure_step_memory, measure_zero_comm, plot_zero_memory, plot_zero_stages,
+                       recompute_sweep, reduce_scatter, residual_mlp, shard_ranges, shard_size,
+                       train_sharded, wrap_for, zero_comm_bytes, zero_comm_time, zero_memory,
+                       zero_memory_parts, zero_memory_widget)

@@ -12,49 +12,16 @@
 from .collectives import all_gather, reduce_scatter, shard_size
 from .communication import measure_zero_comm, zero_comm_bytes, zero_comm_time
 from .fsdp import FullyShardedModule
-from .memory_model import (
-                           RankMemory,
-                           measure_step_memory,
-                           plot_zero_memory,
-                           zero_memory,
-                           zero_memory_parts,
-                           zero_memory_widget,
-)
-from .recompute import (
-                           CheckpointedSequential,
-                           MLPBlock,
-                           RecomputePoint,
-                           activation_bytes,
-                           recompute_sweep,
-                           residual_mlp,
-)
+from .memory_model import (RankMemory, measure_step_memory, plot_zero_memory, plot_zero_stages, zero_memory,
+                           zero_memory_parts, zero_memory_widget)
+from .recompute import (CheckpointedSequential, MLPBlock, RecomputePoint, activation_bytes, recompute_sweep,
+                        residual_mlp)
 from .training import STRATEGIES, ShardedRun, train_sharded, wrap_for
 from .zero import ZeroOptimizer, shard_ranges
 
-__all__ = [
-                           "STRATEGIES",
-                           "CheckpointedSequential",
-                           "FullyShardedModule",
-                           "MLPBlock",
-                           "RankMemory",
-                           "RecomputePoint",
-                           "ShardedRun",
-                           "ZeroOptimizer",
-                           "activation_bytes",
-                           "all_gather",
-                           "measure_step_memory",
-                           "measure_zero_comm",
-                           "plot_zero_memory",
-                           "recompute_sweep",
-                           "reduce_scatter",
-                           "residual_mlp",
-                           "shard_ranges",
-                           "shard_size",
-                           "train_sharded",
-                           "wrap_for",
-                           "zero_comm_bytes",
-                           "zero_comm_time",
-                           "zero_memory",
-                           "zero_memory_parts",
-                           "zero_memory_widget",
-]
+__all__ = ["STRATEGIES", "CheckpointedSequential", "FullyShardedModule", "MLPBlock", "RankMemory",
+           "RecomputePoint", "ShardedRun", "ZeroOptimizer", "activation_bytes", "all_gather",
+           "measure_step_memory", "measure_zero_comm", "plot_zero_memory", "plot_zero_stages",
+           "recompute_sweep", "reduce_scatter", "residual_mlp", "shard_ranges", "shard_size",
+           "train_sharded", "wrap_for", "zero_comm_bytes", "zero_comm_time", "zero_memory",
+           "zero_memory_parts", "zero_memory_widget"]

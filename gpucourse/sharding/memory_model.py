@@ -229,6 +229,49 @@ def plot_zero_memory(num_params: int, world_size: int, *, k: int = 12, ax=None):
     return ax
 
 
+def plot_zero_stages(world_size: int = 4, *, k: int = 12, axes=None):
+    """What each rank holds at each stage: one panel per stage, one row per rank.
+
+    Each row is drawn to scale (2 + 2 + k bytes per parameter): a full-width band where the rank
+    keeps all of that kind of state, a ``1/N`` slice at its own offset where it keeps a shard.
+
+    Example::
+
+        >>> import matplotlib; matplotlib.use("Agg")
+        >>> axes = plot_zero_stages(4)
+        >>> [ax.get_title() for ax in axes]
+        ['DDP (stage 0)', 'ZeRO-1', 'ZeRO-2', 'ZeRO-3']
+    """
+    import matplotlib.pyplot as plt
+
+    validate.check_int("world_size", world_size, 1, maximum=16)
+    if axes is None:
+        _, axes = plt.subplots(1, 4, figsize=(12, 0.45 * world_size + 1.2), sharey=True)
+    widths = {"parameters": 2, "gradients": 2, "optimizer state": k}
+    titles = ["DDP (stage 0)", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
+    for stage, ax in enumerate(axes):
+        sharded = {"parameters": stage >= 3, "gradients": stage >= 2, "optimizer state": stage >= 1}
+        for rank in range(world_size):
+            left = 0.0
+            for part, w in widths.items():
+                ax.add_patch(plt.Rectangle((left, rank - 0.4), w, 0.8, fill=False, ec="#cccccc"))
+                if sharded[part]:
+                    ax.add_patch(plt.Rectangle((left + rank * w / world_size, rank - 0.4), w / world_size,
+                                               0.8, color=_COLORS[part]))
+                else:
+                    ax.add_patch(plt.Rectangle((left, rank - 0.4), w, 0.8, color=_COLORS[part]))
+                left += w
+        ax.set_xlim(0, sum(widths.values()))
+        ax.set_ylim(world_size - 0.5, -0.5)
+        ax.set_yticks(range(world_size), [f"rank {r}" for r in range(world_size)])
+        ax.set_xticks([])
+        ax.set_title(titles[stage])
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS.values()]
+    axes[-1].legend(handles, [f"{p} ({w}Ψ)" for p, w in widths.items()], fontsize=7, loc="lower right",
+                    bbox_to_anchor=(1.0, 1.12))
+    return axes
+
+
 def zero_memory_widget(num_params: float = 7.5e9, world_size: int = 64):
     """Sliders for model size (billions), ranks and K → :func:`plot_zero_memory`'s bars.
 
