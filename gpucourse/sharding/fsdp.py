@@ -141,6 +141,15 @@ class FullyShardedModule(nn.Module):
         validate.check_type("module", module, nn.Module, "an nn.Module")
         if not any(True for _ in module.parameters()):
             raise ValueError(f"module ({type(module).__name__}) has no parameters: there is nothing to shard")
+        frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
+        if frozen:
+            raise ValueError(f"parameters {frozen} do not require grad; FullyShardedModule trains every "
+                             "parameter of the module (freeze nothing, or leave those layers outside it)")
+        mixed = [path for path, m in module.named_modules()
+                 if len({p.dtype for p in m.parameters(recurse=False)}) > 1]
+        if mixed:
+            raise ValueError(f"modules {mixed} own parameters of different dtypes; each layer's parameters "
+                             "are flattened into one buffer and must share one dtype")
         rank, world_size, global_rank = _group_info(group)
         _same_on_every_rank("the parameters' names and shapes",
                             [(n, tuple(p.shape)) for n, p in module.named_parameters()], group)

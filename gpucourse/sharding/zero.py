@@ -90,7 +90,9 @@ class ZeroOptimizer:
         reduce-scatters in place: read (or clip) gradients before ``step()``, not after.
         Every rank must call ``step()`` — it holds two collectives. In stage 2 every
         parameter must get a gradient in each backward (as in DDP without
-        ``find_unused_parameters``); one that does not is reduced, as zeros, at ``step()``.
+        ``find_unused_parameters``); one that does not is reduced, as zeros, at ``step()`` — and,
+        unlike ``torch.optim``, which skips a parameter whose ``.grad`` is ``None``, the shard is
+        updated with that zero gradient (momentum and weight decay still act on it).
     """
 
     def __init__(self, params, optimizer_class, *, stage: int = 1, group=None, **optimizer_kwargs):
@@ -107,6 +109,10 @@ class ZeroOptimizer:
             validate.check_tensor(f"params[{i}]", p, floating=True)
         if not self.params:
             raise ValueError("params is empty: the model has no parameters to optimize")
+        frozen = [i for i, p in enumerate(self.params) if not p.requires_grad]
+        if frozen:
+            raise ValueError(f"params {frozen} do not require grad; pass only trainable parameters: "
+                             "[p for p in model.parameters() if p.requires_grad]")
         first = self.params[0]
         if any(p.dtype != first.dtype or p.device != first.device for p in self.params):
             raise ValueError("params must all have one dtype and device, got "

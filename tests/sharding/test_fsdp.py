@@ -124,3 +124,14 @@ def test_bad_modules():
         gc.FullyShardedModule(nn.ReLU())
     with pytest.raises(TypeError, match="nn.Module"):
         gc.FullyShardedModule(lambda x: x)
+
+
+def test_frozen_or_mixed_dtype_parameters_are_refused():
+    frozen = nn.Linear(3, 3)
+    frozen.bias.requires_grad_(False)
+    with pytest.raises(ValueError, match="require grad"):
+        gc.FullyShardedModule(frozen)
+    mixed = nn.Linear(3, 3)
+    mixed.bias.data = mixed.bias.data.double()
+    with pytest.raises(ValueError, match="dtypes"):
+        gc.FullyShardedModule(mixed)

@@ -58,3 +58,14 @@ def test_measure_step_memory_counts_parts():
         assert m.activations >= 16 * 50 * 4
         assert m.peak >= m.activations
         assert all(p.grad is None for p in model.parameters())      # the step ends with zero_grad
+
+
+@pytest.mark.cuda
+def test_measure_step_memory_on_cuda_reads_the_allocator():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8)).cuda()
+    n = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters())
+    m = gc.measure_step_memory(model, opt, torch.randn(32, 64, device="cuda"), torch.randn(32, 8, device="cuda"))
+    assert (m.parameters, m.gradients) == (4 * n, 4 * n)
+    assert m.activations >= 32 * 256 * 4 and m.peak >= m.activations

@@ -178,3 +178,10 @@ def test_shard_ranges():
             assert numel <= ranges[-1][1] < numel + n
     with pytest.raises(ValueError):
         gc.shard_ranges(10, 0)
+
+
+def test_frozen_parameters_are_refused():
+    model = make_model()
+    model[0].weight.requires_grad_(False)
+    with pytest.raises(ValueError, match="require grad"):
+        gc.ZeroOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
