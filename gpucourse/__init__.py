@@ -61,3 +61,11 @@ from .pipeline import (GPipe, ModelParallel, ParallelGrid, PipelineComm, Pipelin
                        make_schedule, merge_microbatches, one_f_one_b_schedule, pipeline_step,
                        run_pipeline, split_microbatches, split_sequential, train_pipeline,
                        train_sequential, train_torch_pipelining, training_state_bytes)
+
+# --- sharding/ (chapter 08): ZeRO-1/2/3 from scratch, p2p reduce-scatter/all-gather, memory per rank
+from .sharding import (STRATEGIES, CheckpointedSequential, FullyShardedModule, MLPBlock, RankMemory,
+                       RecomputePoint, ShardedRun, ZeroOptimizer, activation_bytes, all_gather,
+                       measure_step_memory, measure_zero_comm, plot_zero_memory, plot_zero_stages,
+                       recompute_sweep, reduce_scatter, residual_mlp, shard_ranges, shard_size,
+                       train_sharded, wrap_for, zero_comm_bytes, zero_comm_time, zero_memory,
+                       zero_memory_parts, zero_memory_widget)

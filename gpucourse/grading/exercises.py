@@ -39,6 +39,8 @@ BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 CHECK_TAG = "check"
 SOLUTION_ONLY_TAG = "solution-only"
+#: hidden check cells (``# Hidden NN.k — …``): instructors' extra checks, never shipped in exercises/
+HIDDEN_TAG = "hidden"
 #: first line of a check cell: ``# Check 04.2 — what is checked``
 CHECK_HEADER = re.compile(r"^#\s*Check\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$")
 #: markdown heading that opens an exercise: ``## Exercise 04.2 — title``
@@ -158,7 +160,7 @@ def make_exercise_notebook(nb, *, name: str = "notebook"):
     out = copy.deepcopy(nb)
     cells = []
     for index, cell in enumerate(out.cells):
-        if SOLUTION_ONLY_TAG in _tags(cell):
+        if SOLUTION_ONLY_TAG in _tags(cell) or HIDDEN_TAG in _tags(cell):
             continue
         cell.get("metadata", {}).pop("execution", None)
         if cell.cell_type == "code":
