@@ -316,8 +316,10 @@ def explain_bf16_speedup(ratio: float, matmul_share: float, features: dict[str, 
     check_number("matmul_share", matmul_share, 0.0, maximum=1.0)
     features = cpu_supports_bf16() if features is None else check_type("features", features, dict)
     bound = f"{1 / (1 - matmul_share):.1f}x" if matmul_share < 1 else "no limit"
-    if ratio >= 1:
+    if ratio >= 1.1:
         head = f"{name}: bf16 made the step {ratio:.2f}x as fast as fp32."
+    elif ratio >= 0.9:
+        head = f"{name}: bf16 made the step about as fast as fp32 ({ratio:.2f}x)."
     else:
         head = f"{name}: bf16 made the step {1 / ratio:.{0 if ratio < 0.1 else 1}f}x slower ({ratio:.2g}x fp32)."
     if not has_bf16_units(features):

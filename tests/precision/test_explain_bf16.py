@@ -18,7 +18,12 @@ def test_without_bf16_units_the_speedup_is_said_not_to_appear(ratio):
     text = _flat(gc.explain_bf16_speedup(ratio, 0.9, NONE, name="MLP"))
     assert "will not appear here" in text and "emulates" in text
     assert "ran on this CPU's bf16 units" not in text
-    assert (f"{ratio:.2f}x as fast" in text) if ratio >= 1 else ("slower" in text)
+    if ratio >= 1.1:
+        assert f"{ratio:.2f}x as fast" in text
+    elif ratio >= 0.9:
+        assert f"about as fast as fp32 ({ratio:.2f}x)" in text
+    else:
+        assert "slower" in text
 
 
 def test_with_amx_and_a_gain_the_units_are_credited_and_the_bound_given():
@@ -36,6 +41,10 @@ def test_with_amx_and_a_gain_the_units_are_credited_and_the_bound_given():
 def test_with_amx_and_no_gain_the_reason_follows_the_numbers(ratio, share, words):
     text = _flat(gc.explain_bf16_speedup(ratio, share, AMX))
     assert words in text and "ran on this CPU's bf16 units" not in text
+
+
+def test_about_even_is_not_called_slower():
+    assert "about as fast as fp32 (0.97x)" in gc.explain_bf16_speedup(0.97, 0.7, AMX)
 
 
 def test_the_slowdown_is_stated_as_a_factor():
