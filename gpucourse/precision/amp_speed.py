@@ -321,7 +321,8 @@ def explain_bf16_speedup(ratio: float, matmul_share: float, features: dict[str, 
     elif ratio >= 0.9:
         head = f"{name}: bf16 made the step about as fast as fp32 ({ratio:.2f}x)."
     else:
-        head = f"{name}: bf16 made the step {1 / ratio:.{0 if ratio < 0.1 else 1}f}x slower ({ratio:.2g}x fp32)."
+        slower = f"{1 / ratio:.{0 if ratio < 0.1 else 1}f}x"
+        head = f"{name}: bf16 made the step {slower} slower ({ratio:.2g}x fp32)."
     if not has_bf16_units(features):
         why = bf16_hardware_note(features)[0].upper() + bf16_hardware_note(features)[1:] + "."
         if ratio >= 1.15:

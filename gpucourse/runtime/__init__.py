@@ -18,5 +18,6 @@ from .printing import print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
 from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
 
-__all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cores", "virtual_devices", "visible_devices", "WorkerError", "free_port", "launch",
+__all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units",
+           "cpu_cores", "virtual_devices", "visible_devices", "WorkerError", "free_port", "launch",
            "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison", "measure", "speedup"]

@@ -17,7 +17,8 @@ def test_legend_handles_inside_legend_frame(devices, gpu0_bsz):
     model = gc.Net()
     x, y = torch.randn(12, 3, 32, 32), torch.randint(0, 10, (12,))
     report = gc.dp_step_memory(model, x, y, [torch.device("cpu", i) for i in range(devices)],
-                               gpu0_bsz=gpu0_bsz, optimizer=torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9))
+                               gpu0_bsz=gpu0_bsz,
+                               optimizer=torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9))
     ax = gc.plot_memory(report, title="t")
     fig = ax.figure
     try:

@@ -109,7 +109,7 @@ def test_settings_match_jupyterlab_schema():
     jupyterlab = pytest.importorskip("jupyterlab")
     from jupyterlab.commands import get_app_dir
 
-    schema_file = (Path(get_app_dir()) / "schemas" / "@jupyterlab" / "apputils-extension" / "notification.json")
+    schema_file = Path(get_app_dir()) / "schemas" / "@jupyterlab" / "apputils-extension" / "notification.json"
     if not schema_file.exists():
         pytest.skip(f"JupyterLab {jupyterlab.__version__} has no {schema_file}")
     props = json.loads(schema_file.read_text())["properties"]
