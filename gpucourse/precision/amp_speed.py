@@ -323,6 +323,11 @@ def explain_bf16_speedup(ratio: float, matmul_share: float, features: dict[str, 
     else:
         slower = f"{1 / ratio:.{0 if ratio < 0.1 else 1}f}x"
         head = f"{name}: bf16 made the step {slower} slower ({ratio:.2g}x fp32)."
+    if not has_bf16_units(features) and matmul_share < 0.5 and ratio >= 0.5:
+        how = "converted to fp32" if features.get("onednn_bf16") else "emulated"
+        return textwrap.fill(f"{head} Matmuls were {matmul_share:.0%} of the fp32 step, too little for bf16 "
+                             f"to matter — and this CPU has no AMX or AVX-512-bf16, so its bf16 matmuls are "
+                             f"{how} anyway.", 100)
     if not has_bf16_units(features):
         why = bf16_hardware_note(features)[0].upper() + bf16_hardware_note(features)[1:] + "."
         if ratio >= 1.15:

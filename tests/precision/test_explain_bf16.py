@@ -13,6 +13,12 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def test_without_bf16_units_a_model_with_few_matmuls_is_read_by_its_share():
+    text = _flat(gc.explain_bf16_speedup(0.98, 0.2, NONE, name="ElementwiseNet"))
+    assert "about as fast as fp32 (0.98x)" in text and "Matmuls were 20% of the fp32 step, too little" in text
+    assert "no AMX or AVX-512-bf16" in text and "emulated anyway" in text and "far slower" not in text
+
+
 @pytest.mark.parametrize("ratio", [0.006, 0.02, 0.5, 1.0, 2.0])
 def test_without_bf16_units_the_speedup_is_said_not_to_appear(ratio):
     text = _flat(gc.explain_bf16_speedup(ratio, 0.9, NONE, name="MLP"))
