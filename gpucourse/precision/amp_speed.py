@@ -330,18 +330,18 @@ def explain_bf16_speedup(ratio: float, matmul_share: float, features: dict[str, 
                              f"{how} anyway.", 100)
     if not has_bf16_units(features):
         why = bf16_hardware_note(features)[0].upper() + bf16_hardware_note(features)[1:] + "."
-        if ratio >= 1.15:
+        if ratio >= 1.1:
             why += (" (A gain all the same: perhaps the CPU's flags could not be read — only Linux's "
                     "/proc/cpuinfo is — and it does have bf16 units.)")
         return textwrap.fill(f"{head} {why}", 100)
     amdahl = (f"Matmuls were {matmul_share:.0%} of the fp32 step, so even free matmuls give at most "
               f"{bound} (Amdahl's law)")
-    if ratio >= 1.15:
+    if ratio >= 1.1:
         why = ("the matmuls ran on this CPU's bf16 units; the casts and the unchanged element-wise work "
                "keep the step below that bound.")
     elif matmul_share < 0.5:
         why = "too little of this step is matmul for bf16 to matter, and the casts eat what is left."
-    elif ratio >= 0.87:
+    elif ratio >= 0.9:
         why = ("this CPU has bf16 units, so a gain was possible: at this size the casts cost about what "
                "the matmuls saved, or the machine was busy — benchmarks/mixed_precision.py runs a larger "
                "batch (run it on an idle machine).")
