@@ -9,6 +9,7 @@
 """
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -24,8 +25,12 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 
 def _dry_run(*args: str) -> subprocess.CompletedProcess:
-    # -B: print every recipe even when this checkout's .venv is already installed
-    return subprocess.run(["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # -B: print every recipe even when this checkout's .venv is already installed. A make that runs
+    # these tests (make test TORCH=cpu) passes its own flags and variables down: drop them.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "TORCH", "TORCH_CPU_INDEX", "VENV")}
+    return subprocess.run(["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env=env)
 
 
 def _pip_installs(out: str) -> list[list[str]]:
