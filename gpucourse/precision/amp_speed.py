@@ -323,6 +323,11 @@ def explain_bf16_speedup(ratio: float, matmul_share: float, features: dict[str, 
     else:
         slower = f"{1 / ratio:.{0 if ratio < 0.1 else 1}f}x"
         head = f"{name}: bf16 made the step {slower} slower ({ratio:.2g}x fp32)."
+    if matmul_share < 1 and ratio > 1.1 / (1 - matmul_share):    # beyond Amdahl's bound: noise
+        return textwrap.fill(f"{head} That is more than Amdahl's law allows — matmuls were {matmul_share:.0%} "
+                             f"of the fp32 step, so even free matmuls give at most {bound} — so the two "
+                             f"timings were not taken under the same conditions (the machine was busier "
+                             f"during one of them). Run the cell again on a quiet machine.", 100)
     if not has_bf16_units(features) and matmul_share < 0.5 and ratio >= 0.5:
         how = "converted to fp32" if features.get("onednn_bf16") else "emulated"
         return textwrap.fill(f"{head} Matmuls were {matmul_share:.0%} of the fp32 step, too little for bf16 "
