@@ -309,6 +309,7 @@ def zero_memory_widget(num_params: float = 7.5e9, world_size: int = 64):
         w.observe(lambda _: update(), names="value")
     box = widgets.VBox([size, ranks, kslider, out])
     box.update = update
+    update()                      # draw the start values: the explorer is never an empty frame
     return box
 
 
