@@ -16,9 +16,17 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from gpucourse.grading.check import run_notebook
-from gpucourse.grading.exercises import (BEGIN, END, HIDDEN_HEADER, HIDDEN_TAG, EXERCISE_HEADING,
-                                         exercise_index, generate_exercises,
-                                         make_exercise_notebook)
+from gpucourse.grading.exercises import (
+    BEGIN,
+    END,
+    EXERCISE_HEADING,
+    HIDDEN_HEADER,
+    HIDDEN_TAG,
+    ExerciseFormatError,
+    exercise_index,
+    generate_exercises,
+    make_exercise_notebook,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
@@ -53,7 +61,6 @@ def test_make_exercise_notebook_drops_hidden_cells():
     ("# Hidden 99.1 — x\nassert 1", [HIDDEN_TAG, "check"], "both 'check' and 'hidden'"),
 ])
 def test_hidden_cell_conventions_are_enforced(source, tags, msg):
-    from gpucourse.grading.exercises import ExerciseFormatError
     nb = new_notebook(cells=[
         new_markdown_cell("## Exercise 99.1 — double"),
         new_code_cell(f"def double(x):\n    {BEGIN}\n    return 2 * x\n    {END}"),
