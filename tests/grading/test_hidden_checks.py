@@ -1,10 +1,11 @@
 """Hidden checks: every exercise has one, ``exercises/`` never shows them, and each is worth having.
 
 A hidden check (a code cell tagged ``hidden`` right after an exercise's visible check, first line
-``# Hidden NN.k — …``) tests what the visible check does not. The proof that it does: per chapter, a
-planted wrong answer — plausible, and passing the visible check — that the hidden check catches.
-Only the chapter's setup cells and that exercise's cells run, in a fresh kernel, with ``random``
-seeded so the visible check is deterministic.
+``# Hidden NN.k — …``) tests what the visible check does not. The proof that it does: for every
+exercise, a plausible wrong answer (``WRONG_ANSWERS``) that passes the visible check and fails the
+hidden one. By default one per chapter is planted (``PLANTED``): only the chapter's setup cells and
+that exercise's cells run, in a fresh kernel, with ``random`` seeded so the visible check is
+deterministic. ``GPUCOURSE_ALL_PLANTED=1`` plants every exercise's (one whole notebook per chapter).
 """
 
 import os
@@ -50,8 +51,7 @@ def test_make_exercise_notebook_drops_hidden_cells():
     index = exercise_index(nb)
     assert index["99.1"].hidden_cells == [3]
     out = make_exercise_notebook(nb)
-    assert [c.source.splitlines()[0] for c in out.cells][-1].startswith("# Check 99.1")
-    assert len(out.cells) == 3
+    assert len(out.cells) == 3 and out.cells[-1].source.startswith("# Check 99.1")
 
 
 @pytest.mark.parametrize("source, tags, msg", [
