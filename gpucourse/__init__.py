@@ -11,7 +11,7 @@ outside checks rely on it. The package has one folder per part of the course (se
 __version__ = "0.1.0"
 
 # --- runtime/: start ranks, devices, timing, rank-aware printing -----------------------------
-from .runtime import (WorkerError, Timing, bf16_hardware_note, cpu_cores, cpu_supports_bf16,
+from .runtime import (WorkerError, Timing, bf16_hardware_note, cpu_cores, cpu_supports_bf16, default_backend,
                       format_comparison, free_port, has_bf16_units, launch, measure, print0,
                       print_ordered, rank_prefix, speedup, virtual_devices, visible_devices)
 
