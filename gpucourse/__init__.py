@@ -61,3 +61,10 @@ from .pipeline import (GPipe, ModelParallel, ParallelGrid, PipelineComm, Pipelin
                        make_schedule, merge_microbatches, one_f_one_b_schedule, pipeline_step,
                        run_pipeline, split_microbatches, split_sequential, train_pipeline,
                        train_sequential, train_torch_pipelining, training_state_bytes)
+
+# --- observability/ (chapter 10): profiler traces, DDP options, resume, DCP, Join ------------
+from .observability import (BucketOverlap, DDPOptionResult, OverlapReport, ResumableSampler,
+                            allreduce_overlap, dcp_load, dcp_save, full_model_state, fully_shard_model,
+                            hidden_fraction, latest_checkpoint, load_training_state, measure_ddp_option,
+                            profile_ddp_steps, read_trace_events, rng_states, save_training_state,
+                            set_rng_states, step_traces, trace_timeline, train_uneven)
