@@ -69,8 +69,15 @@ def main(argv=None):
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(gc.free_port()))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=60))
+    # every attempt under its own key prefix: a restarted rank must never read the *dead* attempt's
+    # gloo addresses from torchrun's store (seen as "connectFullMesh failed: Connection refused")
+    timeout = datetime.timedelta(seconds=60)
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"   # torchrun hosts the store
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agent_store, timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"train_elastic/attempt_{attempt}", store),
+                            rank=rank, world_size=world_size, timeout=timeout)
     torch.set_num_threads(1)
 
     # 2) everything the next step depends on — built the same way on every (re)start

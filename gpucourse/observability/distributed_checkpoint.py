@@ -150,5 +150,6 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().clone() for k, v in state.items()}
+    # cpu_offload=True would hand the full tensors to rank 0 only; gather on every rank, then copy
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return {k: v.detach().cpu().clone() for k, v in state.items()}

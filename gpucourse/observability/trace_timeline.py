@@ -103,8 +103,9 @@ def step_traces(trace_path: str | os.PathLike) -> list[StepTrace]:
 
         >>> import json, os, tempfile
         >>> X = lambda name, tid, ts, dur: {"ph": "X", "name": name, "tid": tid, "ts": ts, "dur": dur}
-        >>> events = [X("ProfilerStep#0", 1, 0, 100), X(_BACKWARD + ": AddmmBackward0", 1, 10, 50),
-        ...           X(_LAUNCH, 1, 20, 1), X("gloo:all_reduce", 2, 21, 59)]
+        >>> events = [X("ProfilerStep#0", 1, 0, 100), X(_BACKWARD + ": AddmmBackward0", 1, 10, 10),
+        ...           X(_LAUNCH, 1, 20, 1), X(_BACKWARD + ": MmBackward0", 1, 21, 39),
+        ...           X("gloo:all_reduce", 2, 21, 59)]
         >>> path = os.path.join(tempfile.mkdtemp(), "t.json")
         >>> _ = open(path, "w").write(json.dumps({"traceEvents": events}))
         >>> t = step_traces(path)[0]
@@ -226,11 +227,11 @@ def allreduce_overlap(trace_path: str | os.PathLike, *, skip: int = 0) -> Overla
 
         >>> import json, os, tempfile
         >>> X = lambda name, tid, ts, dur: {"ph": "X", "name": name, "tid": tid, "ts": ts, "dur": dur}
-        >>> events = [X(_BACKWARD + ": MmBackward0", 1, 0, 100), X(_LAUNCH, 1, 50, 1),
-        ...           X("gloo:all_reduce", 2, 50, 100)]
+        >>> events = [X(_BACKWARD + ": MmBackward0", 1, 0, 50), X(_LAUNCH, 1, 50, 1),
+        ...           X(_BACKWARD + ": MmBackward0", 1, 51, 49), X("gloo:all_reduce", 2, 50, 100)]
         >>> path = os.path.join(tempfile.mkdtemp(), "t.json")
         >>> _ = open(path, "w").write(json.dumps({"traceEvents": events}))
-        >>> allreduce_overlap(path).hidden_fraction
+        >>> allreduce_overlap(path).hidden_fraction          # in flight 50..150, backward until 100
         0.5
 
     .. warning::
