@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..runtime.validate import check_choice, check_int, check_positive
+from ..runtime import check_choice, check_int, check_positive
 
 __all__ = ["profile_ddp_steps", "DDPOptionResult", "measure_ddp_option"]
 

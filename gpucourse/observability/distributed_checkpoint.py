@@ -22,7 +22,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from ..runtime.validate import check_type
+from ..runtime import check_type
 
 __all__ = ["fully_shard_model", "dcp_save", "dcp_load", "full_model_state"]
 

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from ..distributed import load_checkpoint, save_checkpoint
-from ..runtime.validate import check_int, check_type
+from ..runtime import check_int, check_type
 
 __all__ = ["ResumableSampler", "rng_states", "set_rng_states", "save_training_state",
            "load_training_state", "latest_checkpoint"]

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from ..distributed import StepTrace, plot_step_trace
-from ..runtime.validate import check_int, check_type
+from ..runtime import check_int, check_type
 
 __all__ = ["read_trace_events", "step_traces", "hidden_fraction", "BucketOverlap", "OverlapReport",
            "allreduce_overlap", "trace_timeline"]

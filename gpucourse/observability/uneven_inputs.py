@@ -15,7 +15,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ..runtime.validate import check_type
+from ..runtime import check_type
 
 __all__ = ["train_uneven"]
 
