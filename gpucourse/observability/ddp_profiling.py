@@ -151,7 +151,7 @@ def measure_ddp_option(name: str, model_fn, inputs, targets, trace_path, *, buck
     check_positive("bucket_cap_mb", bucket_cap_mb)
     ddp = profile_ddp_steps(model_fn(), inputs, targets, trace_path, bucket_cap_mb=bucket_cap_mb,
                             gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph,
-                            comm_hook=comm_hook, warmup=1, steps=2)
+                            comm_hook=comm_hook, warmup=3, steps=2)
     report = allreduce_overlap(trace_path)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
     times = []
