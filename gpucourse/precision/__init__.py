@@ -8,8 +8,8 @@
 """
 
 from .amp import AmpStepResult, AutocastModule, OpRecord, amp_step, autocast_op_dtypes, format_op_table
-from .amp_speed import (ElementwiseNet, OpTimes, PrecisionRun, compare_precisions, op_time_shares,
-                        plot_time_split, training_step)
+from .amp_speed import (ElementwiseNet, OpTimes, PrecisionRun, compare_precisions, explain_bf16_speedup,
+                        op_time_shares, plot_time_split, training_step)
 from .loss_scaling import LossScaler, activation_gradients, update_scale
 from .format_plots import plot_log2_histogram, plot_ranges
 from .number_formats import (BitFields, CastReport, FloatFormat, bit_fields, cast_report, float_format,
@@ -17,7 +17,8 @@ from .number_formats import (BitFields, CastReport, FloatFormat, bit_fields, cas
 
 __all__ = ["AmpStepResult", "AutocastModule", "OpRecord", "amp_step", "autocast_op_dtypes",
            "format_op_table", "ElementwiseNet", "OpTimes", "PrecisionRun", "compare_precisions",
-           "op_time_shares", "plot_time_split", "training_step", "LossScaler", "activation_gradients",
+           "explain_bf16_speedup", "op_time_shares", "plot_time_split", "training_step", "LossScaler",
+           "activation_gradients",
            "update_scale", "BitFields", "CastReport", "FloatFormat", "bit_fields", "cast_report",
            "float_format", "format_table", "lost_update_fraction", "plot_log2_histogram", "plot_ranges",
            "underflow_fraction"]
