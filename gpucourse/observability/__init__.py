@@ -10,14 +10,45 @@
 
 from .ddp_profiling import DDPOptionResult, measure_ddp_option, profile_ddp_steps
 from .distributed_checkpoint import dcp_load, dcp_save, full_model_state, fully_shard_model
-from .fault_tolerance import (ResumableSampler, latest_checkpoint, load_training_state, rng_states,
-                              save_training_state, set_rng_states)
-from .trace_timeline import (BucketOverlap, OverlapReport, allreduce_overlap, hidden_fraction,
-                             read_trace_events, step_traces, trace_timeline)
+from .fault_tolerance import (
+                              ResumableSampler,
+                              latest_checkpoint,
+                              load_training_state,
+                              rng_states,
+                              save_training_state,
+                              set_rng_states,
+)
+from .trace_timeline import (
+                              BucketOverlap,
+                              OverlapReport,
+                              allreduce_overlap,
+                              hidden_fraction,
+                              read_trace_events,
+                              step_traces,
+                              trace_timeline,
+)
 from .uneven_inputs import train_uneven
 
-__all__ = ["DDPOptionResult", "measure_ddp_option", "profile_ddp_steps", "dcp_load", "dcp_save",
-           "full_model_state", "fully_shard_model", "ResumableSampler", "latest_checkpoint",
-           "load_training_state", "rng_states", "save_training_state", "set_rng_states", "BucketOverlap",
-           "OverlapReport", "allreduce_overlap", "hidden_fraction", "read_trace_events", "step_traces",
-           "trace_timeline", "train_uneven"]
+__all__ = [
+                              "BucketOverlap",
+                              "DDPOptionResult",
+                              "OverlapReport",
+                              "ResumableSampler",
+                              "allreduce_overlap",
+                              "dcp_load",
+                              "dcp_save",
+                              "full_model_state",
+                              "fully_shard_model",
+                              "hidden_fraction",
+                              "latest_checkpoint",
+                              "load_training_state",
+                              "measure_ddp_option",
+                              "profile_ddp_steps",
+                              "read_trace_events",
+                              "rng_states",
+                              "save_training_state",
+                              "set_rng_states",
+                              "step_traces",
+                              "trace_timeline",
+                              "train_uneven",
+]

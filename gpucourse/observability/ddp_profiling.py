@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..runtime import check_choice, check_int, check_positive
 
-__all__ = ["profile_ddp_steps", "DDPOptionResult", "measure_ddp_option"]
+__all__ = ["DDPOptionResult", "measure_ddp_option", "profile_ddp_steps"]
 
 
 def _ddp(model, bucket_cap_mb, gradient_as_bucket_view, static_graph, comm_hook):

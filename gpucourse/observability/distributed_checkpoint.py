@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ..runtime import check_type
 
-__all__ = ["fully_shard_model", "dcp_save", "dcp_load", "full_model_state"]
+__all__ = ["dcp_load", "dcp_save", "full_model_state", "fully_shard_model"]
 
 
 def fully_shard_model(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
@@ -113,8 +113,12 @@ def dcp_load(checkpoint_dir, model: torch.nn.Module, optimizer=None) -> None:
         model, optimizer: the same architecture (and optimizer class) as saved.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict,
-                                                         set_model_state_dict, set_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
 
     check_type("checkpoint_dir", checkpoint_dir, (str, os.PathLike))
     if not os.path.exists(os.path.join(checkpoint_dir, ".metadata")):

@@ -33,8 +33,14 @@ from torch.utils.data import DistributedSampler
 from ..distributed import load_checkpoint, save_checkpoint
 from ..runtime import check_int, check_type
 
-__all__ = ["ResumableSampler", "rng_states", "set_rng_states", "save_training_state",
-           "load_training_state", "latest_checkpoint"]
+__all__ = [
+    "ResumableSampler",
+    "latest_checkpoint",
+    "load_training_state",
+    "rng_states",
+    "save_training_state",
+    "set_rng_states",
+]
 
 
 class ResumableSampler(DistributedSampler):

@@ -28,8 +28,15 @@ from dataclasses import dataclass
 from ..distributed import StepTrace, plot_step_trace
 from ..runtime import check_int, check_type
 
-__all__ = ["read_trace_events", "step_traces", "hidden_fraction", "BucketOverlap", "OverlapReport",
-           "allreduce_overlap", "trace_timeline"]
+__all__ = [
+    "BucketOverlap",
+    "OverlapReport",
+    "allreduce_overlap",
+    "hidden_fraction",
+    "read_trace_events",
+    "step_traces",
+    "trace_timeline",
+]
 
 _BACKWARD = "autograd::engine::evaluate_function"
 _LAUNCH = "c10d::allreduce_"
@@ -209,8 +216,8 @@ class OverlapReport:
     def __str__(self) -> str:
         rows = [f"{b.label:>9}: {b.nbytes / 2**20:6.2f} MB, in flight {b.in_flight * 1e3:6.1f} ms, "
                 f"hidden {b.fraction:4.0%}" for b in self.buckets]
-        return "\n".join(rows + [f"   total: hidden {self.hidden_fraction:.0%} of the all-reduce time "
-                                 f"(backward {self.backward * 1e3:.1f} ms, {self.steps} steps)"])
+        return "\n".join(rows + [(f"   total: hidden {self.hidden_fraction:.0%} of the all-reduce time "
+                                 f"(backward {self.backward * 1e3:.1f} ms, {self.steps} steps)")])
 
 
 def allreduce_overlap(trace_path: str | os.PathLike, *, skip: int = 0) -> OverlapReport:

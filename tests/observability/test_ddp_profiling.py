@@ -13,8 +13,8 @@ def _options(rank, world_size, folder):
         torch.manual_seed(1)
         return gc.MLP(16, 64, 3)
     out = []
-    for name, kw in [("plain", {}), ("view", dict(gradient_as_bucket_view=True)),
-                     ("static", dict(static_graph=True)), ("bf16", dict(comm_hook="bf16"))]:
+    for name, kw in [("plain", {}), ("view", {"gradient_as_bucket_view": True}),
+                     ("static", {"static_graph": True}), ("bf16", {"comm_hook": "bf16"})]:
         r = gc.measure_ddp_option(name, model_fn, x, y, f"{folder}/{name}{rank}.json", steps=2, **kw)
         out.append((r.name, r.bytes_per_step, r.step_time > 0, 0 <= r.hidden_fraction <= 1))
     return out

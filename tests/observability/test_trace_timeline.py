@@ -1,5 +1,6 @@
 """Profiler traces read back: synthetic traces with known answers, and a real 2-rank DDP trace."""
 
+import itertools
 import json
 
 import matplotlib
@@ -22,23 +23,23 @@ def _random_step(rng, offset):
     """A step: backward [b0, b1) and buckets with random launches/durations; the expected hidden time."""
     b0 = offset + rng.uniform(0, 10)
     b1 = b0 + rng.uniform(20, 100)
-    events = [dict(name=f"ProfilerStep#{offset}", tid=1, ts=offset, dur=400)]
+    events = [{"name": f"ProfilerStep#{offset}", "tid": 1, "ts": offset, "dur": 400}]
     total = hidden = 0.0
     launch, launches = b0, []
     for k in range(int(rng.integers(1, 5))):
         launch = launch + rng.uniform(1, 40)
         launches.append(launch)
         start, end = launch + rng.uniform(0, 5), launch + rng.uniform(6, 60)
-        events += [dict(name="c10d::allreduce_", tid=1, ts=launch, dur=0.5),
-                   dict(name="gloo:all_reduce", tid=2 + k % 2, ts=start, dur=end - start,
-                        args={"Input Dims": [[10 * (k + 1)]], "Input type": ["float"]})]
+        events += [{"name": "c10d::allreduce_", "tid": 1, "ts": launch, "dur": 0.5},
+                   {"name": "gloo:all_reduce", "tid": 2 + k % 2, "ts": start, "dur": end - start,
+                        "args": {"Input Dims": [[10 * (k + 1)]], "Input type": ["float"]}}]
         total += end - launch
         hidden += max(0.0, min(end, b1) - max(launch, b0))
     # backward ops between the launches (a launch happens between ops, after a gradient is ready)
     cuts = [b0] + [t for t in launches if t < b1 - 1] + [b1]
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
+    for lo, hi in itertools.pairwise(cuts):
         lo = lo if lo == b0 else lo + 0.6
-        events.append(dict(name=BACKWARD, tid=1, ts=lo, dur=hi - lo))
+        events.append({"name": BACKWARD, "tid": 1, "ts": lo, "dur": hi - lo})
     return events, total, hidden
 
 
@@ -64,8 +65,8 @@ def test_hidden_fraction_matches_interval_arithmetic(tmp_path, seed):
 
 def test_launch_inside_last_backward_op_ends_backward(tmp_path):
     # DDP's hook launches the last bucket inside the AccumulateGrad event: backward ends at the launch
-    events = [dict(name=BACKWARD, tid=1, ts=0, dur=100), dict(name="c10d::allreduce_", tid=1, ts=60, dur=40),
-              dict(name="gloo:all_reduce", tid=2, ts=61, dur=50)]
+    events = [{"name": BACKWARD, "tid": 1, "ts": 0, "dur": 100}, {"name": "c10d::allreduce_", "tid": 1, "ts": 60, "dur": 40},
+              {"name": "gloo:all_reduce", "tid": 2, "ts": 61, "dur": 50}]
     t = gc.step_traces(_write(tmp_path, events))[0]
     assert t.backward_end == pytest.approx(60e-6)
     assert gc.hidden_fraction(t) == 0.0
@@ -74,7 +75,7 @@ def test_launch_inside_last_backward_op_ends_backward(tmp_path):
 def test_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="export_chrome_trace"):
         gc.read_trace_events(tmp_path / "missing.json")
-    path = _write(tmp_path, [dict(name=BACKWARD, tid=1, ts=0, dur=10)])
+    path = _write(tmp_path, [{"name": BACKWARD, "tid": 1, "ts": 0, "dur": 10}])
     with pytest.raises(ValueError, match="no DDP step"):
         gc.allreduce_overlap(path)
     with pytest.raises(ValueError, match="step must be in"):
