@@ -112,6 +112,7 @@ def _torchrun(folder, *script_args, restarts=0):
                           check=False)
 
 
+@pytest.mark.slow
 def test_train_elastic_crash_and_restart_same_checksum(tmp_path):
     clean = _torchrun(tmp_path / "clean")
     assert clean.returncode == 0, clean.stderr[-3000:]
@@ -122,8 +123,3 @@ def test_train_elastic_crash_and_restart_same_checksum(tmp_path):
     finals = [[line for line in run.stdout.splitlines() if line.startswith("final loss")]
               for run in (clean, crashed)]
     assert len(finals[0]) == 1 and finals[0] == finals[1]
-
-
-def test_train_elastic_without_restarts_fails(tmp_path):
-    crashed = _torchrun(tmp_path / "crashed", "--crash-at-step", "2")
-    assert crashed.returncode != 0 and "final loss" not in crashed.stdout

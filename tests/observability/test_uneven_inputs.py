@@ -43,4 +43,4 @@ def test_join_completes_and_matches_reference():
 
 def test_without_join_hangs_until_the_timeout():
     with pytest.raises((TimeoutError, gc.WorkerError)):
-        gc.launch(_run, 2, args=(False,), timeout=6)
+        gc.launch(_run, 2, args=(False,), timeout=4)
