@@ -15,8 +15,9 @@ from .runtime import (WorkerError, Timing, cpu_cores, format_comparison, free_po
                       print0, print_ordered, rank_prefix, speedup, virtual_devices, visible_devices)
 
 # --- data/: offline datasets and the course's small models -----------------------------------
-from .data import (CIFAR10_CLASSES, MLP, Net, SmallConvNet, SyntheticCIFAR10, ToyModel,
-                   cifar10_or_synthetic, load_cifar10)
+from .data import (CIFAR10_CLASSES, MLP, CausalSelfAttention, FeedForward, Net, SmallConvNet,
+                   SyntheticCIFAR10, TinyGPT, TinyText, ToyModel, TransformerBlock, cifar10_or_synthetic,
+                   load_cifar10)
 
 # --- basics/ (chapter 01): serial vs parallel, Amdahl, vectorisation, roofline ----------------
 from .basics import (ChunkRecord, SharedTotal, ThroughputPoint, Trace, accumulate_in_threads,
@@ -61,3 +62,12 @@ from .pipeline import (GPipe, ModelParallel, ParallelGrid, PipelineComm, Pipelin
                        make_schedule, merge_microbatches, one_f_one_b_schedule, pipeline_step,
                        run_pipeline, split_microbatches, split_sequential, train_pipeline,
                        train_sequential, train_torch_pipelining, training_state_bytes)
+
+# --- tensor_parallel/ (chapter 09): Megatron f/g, column/row split, vocab-parallel loss, 2-D mesh
+from .tensor_parallel import (ColumnParallelLinear, CommMeter, CommRecord, RowParallelLinear,
+                              TensorParallelAttention, TensorParallelGPT, TensorParallelMLP,
+                              VocabParallelEmbedding, column_parallel, comm_meter, copy_to_tensor_parallel,
+                              gather_from_tensor_parallel, parallelism_comm, reduce_from_tensor_parallel,
+                              row_parallel, scatter_to_tensor_parallel, tensor_parallel_attention,
+                              tensor_parallel_gpt, tensor_parallel_mlp, tensor_split_sizes, tp_comm_bytes,
+                              tp_comm_time, train_tinygpt, train_tinygpt_2d, vocab_parallel_cross_entropy)
