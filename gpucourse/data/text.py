@@ -17,7 +17,7 @@ import random
 
 import torch
 
-from ..runtime.validate import check_int
+from ..runtime import check_int
 
 __all__ = ["TinyText"]
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime.validate import check_int, check_tensor
+from ..runtime import check_int, check_tensor
 
 __all__ = ["TinyGPT", "TransformerBlock", "CausalSelfAttention", "FeedForward"]
 

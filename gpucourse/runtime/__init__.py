@@ -14,6 +14,8 @@ from .devices import cpu_cores, virtual_devices, visible_devices
 from .launcher import WorkerError, free_port, launch
 from .printing import print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
+from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
 
 __all__ = ["cpu_cores", "virtual_devices", "visible_devices", "WorkerError", "free_port", "launch",
-           "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison", "measure", "speedup"]
+           "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison", "measure", "speedup",
+           "check_choice", "check_int", "check_number", "check_positive", "check_tensor", "check_type"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..cluster import LINKS, AlphaBeta, ring_all_reduce_time
-from ..runtime.validate import check_int, check_type
+from ..runtime import check_int, check_type
 
 __all__ = ["tp_comm_bytes", "tp_comm_time", "parallelism_comm"]
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..runtime.validate import check_type
+from ..runtime import check_type
 from .autograd_ops import (copy_to_tensor_parallel, gather_from_tensor_parallel, reduce_from_tensor_parallel,
                            scatter_to_tensor_parallel, tensor_split_sizes)
 from .checks import agree_across_ranks, check_same_shape, group_layout
@@ -37,6 +37,7 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, linear: nn.Linear, group=None, *, gather_output: bool = False,
                  sizes: list[int] | None = None):
         super().__init__()
+        check_type("linear", linear, nn.Linear, "a torch.nn.Linear")
         rank, world, self.sizes = _prepare("column_parallel", linear, group, linear.out_features, sizes)
         start = sum(self.sizes[:rank])
         rows = slice(start, start + self.sizes[rank])
@@ -64,6 +65,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, linear: nn.Linear, group=None, *, input_is_parallel: bool = True,
                  sizes: list[int] | None = None):
         super().__init__()
+        check_type("linear", linear, nn.Linear, "a torch.nn.Linear")
         rank, world, self.sizes = _prepare("row_parallel", linear, group, linear.in_features, sizes)
         start = sum(self.sizes[:rank])
         cols = slice(start, start + self.sizes[rank])
@@ -74,7 +76,9 @@ class RowParallelLinear(nn.Module):
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_same_shape(x, self.group, "the input of row_parallel")
+        # input_is_parallel: the last dim is this rank's shard (widths may differ by one)
+        check_same_shape(x if not self.input_is_parallel else x[..., 0], self.group,
+                         "the input of row_parallel" + (" without its last dim" if self.input_is_parallel else ""))
         if not self.input_is_parallel:                       # (..., in) -> (..., in_r)
             x = scatter_to_tensor_parallel(x, self.sizes, self.group)
         elif x.shape[-1] != self.weight.shape[1]:
@@ -153,7 +157,6 @@ def row_parallel(linear: nn.Linear, group=None, *, input_is_parallel: bool = Tru
 
 def _prepare(name: str, linear, group, features: int, sizes):
     """Check (on every rank, together) and return ``(rank, world, shard sizes)``."""
-    check_type("linear", linear, nn.Linear, "a torch.nn.Linear")
     w = linear.weight.detach()
     agree_across_ranks(group, f"the layer passed to {name}", {
         "shape": tuple(w.shape), "bias": linear.bias is not None,

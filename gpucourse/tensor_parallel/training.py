@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ..data import TinyGPT, TinyText
 from ..runtime import launch
-from ..runtime.validate import check_int, check_positive
+from ..runtime import check_int, check_positive
 from .meter import comm_meter
 from .transformer import tensor_parallel_gpt
 

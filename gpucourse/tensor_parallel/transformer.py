@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data import CausalSelfAttention, FeedForward, TinyGPT
-from ..runtime.validate import check_type
+from ..runtime import check_type
 from .autograd_ops import copy_to_tensor_parallel, reduce_from_tensor_parallel, tensor_split_sizes
 from .checks import agree_across_ranks, check_same_shape, group_layout
 from .layers import ColumnParallelLinear, RowParallelLinear

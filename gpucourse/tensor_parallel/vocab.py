@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..runtime.validate import check_tensor
+from ..runtime import check_tensor
 from .autograd_ops import tensor_split_sizes
 from .checks import check_same_shape, group_layout
 from .meter import record
