@@ -70,4 +70,5 @@ from .tensor_parallel import (ColumnParallelLinear, CommMeter, CommRecord, RowPa
                               gather_from_tensor_parallel, parallelism_comm, reduce_from_tensor_parallel,
                               row_parallel, scatter_to_tensor_parallel, tensor_parallel_attention,
                               tensor_parallel_gpt, tensor_parallel_mlp, tensor_split_sizes, tp_comm_bytes,
-                              tp_comm_time, train_tinygpt, train_tinygpt_2d, vocab_parallel_cross_entropy)
+                              tp_comm_time, tp_comm_widget, train_tinygpt, train_tinygpt_2d,
+                              vocab_parallel_cross_entropy)

@@ -12,7 +12,7 @@
 
 from .autograd_ops import (copy_to_tensor_parallel, gather_from_tensor_parallel, reduce_from_tensor_parallel,
                            scatter_to_tensor_parallel, tensor_split_sizes)
-from .comm_model import parallelism_comm, tp_comm_bytes, tp_comm_time
+from .comm_model import parallelism_comm, tp_comm_bytes, tp_comm_time, tp_comm_widget
 from .layers import ColumnParallelLinear, RowParallelLinear, column_parallel, row_parallel
 from .meter import CommMeter, CommRecord, comm_meter
 from .training import train_tinygpt, train_tinygpt_2d
@@ -22,7 +22,7 @@ from .vocab import vocab_parallel_cross_entropy
 
 __all__ = ["copy_to_tensor_parallel", "gather_from_tensor_parallel", "reduce_from_tensor_parallel",
            "scatter_to_tensor_parallel", "tensor_split_sizes", "parallelism_comm", "tp_comm_bytes",
-           "tp_comm_time", "ColumnParallelLinear", "RowParallelLinear", "column_parallel", "row_parallel",
+           "tp_comm_time", "tp_comm_widget", "ColumnParallelLinear", "RowParallelLinear", "column_parallel", "row_parallel",
            "CommMeter", "CommRecord", "comm_meter", "train_tinygpt", "train_tinygpt_2d",
            "TensorParallelAttention", "TensorParallelGPT", "TensorParallelMLP", "VocabParallelEmbedding",
            "tensor_parallel_attention", "tensor_parallel_gpt", "tensor_parallel_mlp",

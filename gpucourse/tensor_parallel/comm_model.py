@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from ..cluster import LINKS, AlphaBeta, ring_all_reduce_time
 from ..runtime import check_int, check_type
 
-__all__ = ["tp_comm_bytes", "tp_comm_time", "parallelism_comm"]
+__all__ = ["tp_comm_bytes", "tp_comm_time", "parallelism_comm", "tp_comm_widget"]
 
 
 def tp_comm_bytes(batch: int, seq: int, hidden: int, layers: int, tp: int, dtype_bytes: int = 2) -> int:
@@ -104,3 +104,45 @@ def parallelism_comm(batch: int, seq: int, hidden: int, layers: int, params: int
                 row[name] = messages * ring_all_reduce_time(nbytes / messages, degree, link.alpha, link.beta)
         rows.append(row)
     return rows
+
+
+def tp_comm_widget(batch: int = 8, seq: int = 2048, hidden: int = 4096, layers: int = 32, tp: int = 8):
+    """Sliders over :func:`tp_comm_bytes` and :func:`tp_comm_time` on every link of ``gc.LINKS``.
+
+    Returns an ``ipywidgets`` box (display it as a cell's last expression); its ``summary``
+    attribute holds the text shown, recomputed when a slider moves.
+
+    Example::
+
+        >>> w = tp_comm_widget(batch=1, seq=1024, hidden=1024, layers=2, tp=2)
+        >>> [c.description for c in w.children[:5]]
+        ['batch', 'seq', 'hidden', 'layers', 'tp']
+        >>> w.summary.splitlines()[0]
+        'bf16, 2 layers: 8 all-reduces of 2.0 MiB = 16.0 MiB per step (payload per rank)'
+
+    .. warning::
+        Widgets need a live kernel; in a static view of the notebook the sliders do not move.
+    """
+    import ipywidgets as widgets
+
+    sliders = [widgets.IntSlider(value=v, min=lo, max=hi, step=st, description=name, continuous_update=False)
+               for name, v, lo, hi, st in (("batch", batch, 1, 64, 1), ("seq", seq, 128, 8192, 128),
+                                           ("hidden", hidden, 256, 16384, 256), ("layers", layers, 1, 128, 1),
+                                           ("tp", tp, 1, 16, 1))]
+    text = widgets.HTML()
+    box = widgets.VBox([*sliders, text])
+
+    def redraw(change=None) -> None:
+        b, s, h, n, p = (w.value for w in sliders)
+        total = tp_comm_bytes(b, s, h, n, p)
+        lines = [f"bf16, {n} layers: {4 * n if p > 1 else 0} all-reduces of {b * s * h * 2 / 2**20:.1f} MiB = "
+                 f"{total / 2**20:.1f} MiB per step (payload per rank)"]
+        for name, link in LINKS.items():
+            lines.append(f"{name}: {tp_comm_time(b, s, h, n, p, link) * 1e3:.2f} ms of all-reduce per step")
+        box.summary = "\n".join(lines)
+        text.value = "<br>".join(lines)
+
+    for w in sliders:
+        w.observe(redraw, names="value")
+    redraw()
+    return box

@@ -312,3 +312,12 @@ def test_one_process_wrong_arguments():
         gc.vocab_parallel_cross_entropy(torch.randn(3, 4), torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="not initialised"):
         gc.column_parallel(nn.Linear(2, 2), group=object())
+
+
+def test_widget_is_a_view_over_tp_comm_bytes():
+    w = gc.tp_comm_widget(batch=2, seq=256, hidden=512, layers=3, tp=4)
+    assert f"= {gc.tp_comm_bytes(2, 256, 512, 3, 4) / 2**20:.1f} MiB" in w.summary
+    w.children[3].value = 6                                  # layers slider
+    assert f"= {gc.tp_comm_bytes(2, 256, 512, 6, 4) / 2**20:.1f} MiB" in w.summary
+    w.children[4].value = 1                                  # tp = 1: nothing to reduce
+    assert "0 all-reduces" in w.summary and "0.00 ms" in w.summary
