@@ -52,8 +52,9 @@ class TensorParallelAttention(nn.Module):
 
     def __init__(self, attn: CausalSelfAttention, group=None):
         super().__init__()
-        _, world, _ = group_layout(group)
         heads, d = attn.num_heads, attn.head_dim
+        agree_across_ranks(group, "the attention passed to tensor_parallel_attention", {"heads": heads, "head_dim": d})
+        _, world, _ = group_layout(group)
         if heads < world:
             raise ValueError(f"tensor_parallel_attention: {heads} heads cannot be split over {world} ranks; "
                              "each rank needs at least one head")

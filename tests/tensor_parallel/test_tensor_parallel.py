@@ -278,6 +278,9 @@ def _bad_worker(rank, world, case):
         return _catch(lambda: gc.vocab_parallel_cross_entropy(torch.randn(3, 2 + 2 * rank), torch.zeros(3, dtype=torch.long)))
     if case == "target_range":
         return _catch(lambda: gc.vocab_parallel_cross_entropy(torch.randn(3, 2), torch.tensor([0, 1, 4 if rank else 0])))
+    if case == "attn_not_member":
+        g = dist.new_group([0, 1])
+        return _catch(lambda: gc.tensor_parallel_attention(gc.CausalSelfAttention(4, 2), g))
     if case == "heads":
         return _catch(lambda: gc.tensor_parallel_attention(gc.CausalSelfAttention(4, world - 1)))
     raise AssertionError(case)
@@ -294,6 +297,7 @@ def _bad_worker(rank, world, case):
     ("vocab_split", 2, "tensor_split"),
     ("target_range", 2, r"target ids must be in \[0, 3\]"),
     ("heads", 3, "cannot be split over 3 ranks"),
+    ("attn_not_member", 3, "not a member"),
 ])
 def test_bad_input_raises_value_error_on_every_rank(case, world, match):
     res = gc.launch(functools.partial(_bad_worker, case=case), world, timeout=T)
