@@ -80,6 +80,21 @@ def worker(rank, world_size, how):
     return {"times": _steps(tp, x)}
 
 
+def _busy_cpu_seconds():
+    """CPU time used by the whole machine, and by this process and its (finished) children."""
+    try:
+        import resource
+
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (ImportError, OSError):        # not Linux: contention cannot be checked
+        return None, None
+    machine = (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")  # user..softirq, steal
+    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    return machine, own
+
+
 def gpt_bytes(rank, world_size, cfg, batch):
     torch.manual_seed(0)
     model = gc.tensor_parallel_gpt(gc.TinyGPT(**cfg))
@@ -93,7 +108,7 @@ def main():
     print(f"MLP block Linear({HIDDEN}, {FFN}) -> GELU -> Linear({FFN}, {HIDDEN}), {TOKENS} tokens, fp32, "
           f"forward+backward; {ROUNDS} rounds of {TIMED} timed steps after {WARMUP} warm-up; 1 thread per process; "
           f"{os.cpu_count()} CPUs")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    machine0, own0 = _busy_cpu_seconds()
     rounds = [{how: gc.launch(functools.partial(worker, how=how), n, timeout=900)[0]
                for how, n in (("single", 1), ("scratch", 2), ("dtensor", 2))} for _ in range(ROUNDS)]
     runs = rounds[0]
@@ -125,9 +140,11 @@ def main():
           f"tp_comm_bytes = {gpt_expected:,}; all collectives: "
           + ", ".join(f"{op} {site} x{c} = {b:,} B" for (op, site), (c, b) in sorted(summary.items())))
     print(f"target: counted bytes == tp_comm_bytes: {'MET' if ok_bytes else 'NOT MET'}")
-    load_after = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"load average before/after: {load:.1f} / {load_after:.1f}"
-          + ("  <- the machine was busy: timings are unreliable" if max(load, load_after) > 3 else ""))
+    machine1, own1 = _busy_cpu_seconds()
+    if machine0 is not None:
+        foreign = max((machine1 - machine0) - (own1 - own0), 0.0)
+        print(f"CPU used by other programs during the runs: {foreign:.1f} s of {machine1 - machine0:.1f} s"
+              + ("  <- the machine was not idle: these timings are unreliable" if foreign > 5 else ""))
     return 0 if ok_speed and ok_dtensor and ok_bytes else 1
 
 

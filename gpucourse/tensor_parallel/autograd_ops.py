@@ -152,10 +152,29 @@ def gather_from_tensor_parallel(x: torch.Tensor, sizes: list[int], group=None) -
     """All-gather shards along the last dim (forward); keep this rank's slice of the gradient (backward).
 
     ``sizes[r]`` is rank ``r``'s shard width (``tensor_split_sizes``).
+
+    Example::
+
+        >>> gather_from_tensor_parallel(torch.ones(2, 3), [3])     # one process: nothing to gather
+        tensor([[1., 1., 1.],
+                [1., 1., 1.]])
+
+    .. warning::
+        It moves the whole ``(..., out_features)`` output to every rank — the traffic a following
+        :func:`row_parallel` with ``input_is_parallel=True`` avoids.
     """
     return x if _world(group) == 1 else _GatherFromTensorParallel.apply(x, list(sizes), group)
 
 
 def scatter_to_tensor_parallel(x: torch.Tensor, sizes: list[int], group=None) -> torch.Tensor:
-    """Keep this rank's slice of the last dim (forward); all-gather the gradient (backward)."""
+    """Keep this rank's slice of the last dim (forward); all-gather the gradient (backward).
+
+    Example::
+
+        >>> scatter_to_tensor_parallel(torch.arange(4.0), [4])     # one process: the whole tensor
+        tensor([0., 1., 2., 3.])
+
+    .. warning::
+        Every rank must pass the same full tensor: the slices are taken, not checked.
+    """
     return x if _world(group) == 1 else _ScatterToTensorParallel.apply(x, list(sizes), group)
