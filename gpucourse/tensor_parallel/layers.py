@@ -38,7 +38,7 @@ class ColumnParallelLinear(nn.Module):
                  sizes: list[int] | None = None):
         super().__init__()
         check_type("linear", linear, nn.Linear, "a torch.nn.Linear")
-        rank, world, self.sizes = _prepare("column_parallel", linear, group, linear.out_features, sizes)
+        rank, _, self.sizes = _prepare("column_parallel", linear, group, linear.out_features, sizes)
         start = sum(self.sizes[:rank])
         rows = slice(start, start + self.sizes[rank])
         self.group, self.gather_output = group, gather_output
@@ -66,7 +66,7 @@ class RowParallelLinear(nn.Module):
                  sizes: list[int] | None = None):
         super().__init__()
         check_type("linear", linear, nn.Linear, "a torch.nn.Linear")
-        rank, world, self.sizes = _prepare("row_parallel", linear, group, linear.in_features, sizes)
+        rank, _, self.sizes = _prepare("row_parallel", linear, group, linear.in_features, sizes)
         start = sum(self.sizes[:rank])
         cols = slice(start, start + self.sizes[rank])
         self.group, self.input_is_parallel = group, input_is_parallel
