@@ -177,3 +177,21 @@ class TinyGPT(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, *, greedy: bool = True,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append ``max_new_tokens`` predicted tokens to ``idx`` ``(B, T)``; returns ``(B, T + new)``.
+
+        Each new token comes from the last ``seq_len`` positions: the most likely one (``greedy``)
+        or a sample from the softmax (with ``generator`` for reproducible samples).
+        """
+        check_int("max_new_tokens", max_new_tokens, 0)
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.config["seq_len"]:])[:, -1]                  # (B, V)
+            if greedy:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                nxt = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
+            idx = torch.cat([idx, nxt], dim=1)
+        return idx

@@ -62,3 +62,16 @@ def test_tinygpt_learns_the_text():
     losses = gc.train_tinygpt(cfg, steps=60, batch_size=16)
     assert losses[0] == pytest.approx(math.log(data.vocab_size), rel=0.05)
     assert sum(losses[-5:]) / 5 < 0.8 * losses[0]
+
+
+def test_generate_appends_the_models_own_predictions():
+    torch.manual_seed(0)
+    m = gc.TinyGPT(vocab_size=9, seq_len=4, num_layers=1, hidden=8, num_heads=2)
+    idx = torch.randint(0, 9, (2, 3))
+    out = m.generate(idx, 5)
+    assert out.shape == (2, 8) and torch.equal(out[:, :3], idx)
+    for t in range(3, 8):                       # greedy: each token is the argmax given the window
+        window = out[:, max(0, t - 4):t]
+        assert torch.equal(out[:, t], m(window)[:, -1].argmax(-1))
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert torch.equal(m.generate(idx, 4, greedy=False, generator=g1), m.generate(idx, 4, greedy=False, generator=g2))
