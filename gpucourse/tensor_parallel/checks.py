@@ -72,9 +72,9 @@ def check_same_shape(x: torch.Tensor, group, name: str) -> None:
         return
     if x.dim() > _MAX_DIMS:
         raise ValueError(f"{name} has {x.dim()} dimensions; at most {_MAX_DIMS} are supported")
-    mine = torch.full((_MAX_DIMS + 1,), -1, dtype=torch.int64)
+    mine = torch.full((_MAX_DIMS + 1,), -1, dtype=torch.int64, device=x.device)   # NCCL: on the GPU
     mine[0] = x.dim()
-    mine[1:1 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
+    mine[1:1 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64, device=x.device)
     shapes = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(shapes, mine, group=group)
     as_tuples = [tuple(s[1:1 + int(s[0])].tolist()) for s in shapes]

@@ -98,7 +98,8 @@ def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, target: torch.Tenso
     # every rank learns every rank's (shard width, smallest and largest target), and the shapes
     check_same_shape(logits_shard[..., 0], group, "logits_shard without its last dim")
     flat, t = logits_shard.flatten(0, -2), target.flatten().long()
-    mine = torch.tensor([flat.shape[-1], int(t.min()) if t.numel() else 0, int(t.max()) if t.numel() else 0])
+    mine = torch.tensor([flat.shape[-1], int(t.min()) if t.numel() else 0, int(t.max()) if t.numel() else 0],
+                        device=logits_shard.device)
     views = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(views, mine, group=group)
     all_widths = [int(v[0]) for v in views]
