@@ -6,8 +6,8 @@ transformer, so f's backward all-reduce runs too). Every process uses one intra-
 only parallelism is the split: ideally each of 2 ranks does half the matrix work, plus one
 all-reduce of the (2048, 4096) activation forward and one backward.
 
-Three ways, back to back in each of 2 rounds (so a busy moment of the machine hits all three),
-each in fresh processes started by ``gc.launch``:
+Three ways, in each of 2 rounds, in processes started by ``gc.launch`` (the two splits in the
+same 2 processes, their steps alternated, so a busy moment of the machine hits both alike):
 
 * 1 process, the whole block (baseline);
 * 2 processes, ``gc.tensor_parallel_mlp`` (from scratch: column/row with f and g);
@@ -33,7 +33,7 @@ import torch.distributed as dist
 import gpucourse as gc
 
 HIDDEN, FFN, TOKENS = 4096, 16384, 2048
-WARMUP, TIMED = 1, 2                   # steps per run: untimed warm-up, then timed
+WARMUP, TIMED = 1, 3                   # steps per run: untimed warm-up, then timed
 ROUNDS = 2                             # the three ways run back to back in each round; medians pool rounds
 
 
@@ -42,42 +42,45 @@ def make_mlp():
     return gc.FeedForward(HIDDEN, FFN)
 
 
-def _steps(model, x):
-    """Times of WARMUP + TIMED forward+backward steps (the slowest rank's, when distributed)."""
-    times = []
-    for _ in range(WARMUP + TIMED):
-        if dist.is_initialized():
-            dist.barrier()
-        start = time.perf_counter()
-        y = model(x)
-        torch.as_tensor(y).sum().backward()
-        elapsed = torch.tensor([time.perf_counter() - start])
-        if dist.is_initialized():
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        times.append(elapsed.item())
-        model.zero_grad(set_to_none=True)
-        x.grad = None
-    return times[WARMUP:]
+def _step(model, x):
+    """One forward+backward; the slowest rank's time when distributed."""
+    if dist.is_initialized():
+        dist.barrier()
+    start = time.perf_counter()
+    y = model(x)
+    torch.as_tensor(y).sum().backward()
+    elapsed = torch.tensor([time.perf_counter() - start])
+    if dist.is_initialized():
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    model.zero_grad(set_to_none=True)
+    x.grad = None
+    return elapsed.item()
 
 
 def worker(rank, world_size, how):
     torch.set_num_threads(1)
     x = torch.randn(TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1)).requires_grad_()
-    mlp = make_mlp()
     if how == "single":
-        return {"times": _steps(mlp, x)}
-    if how == "scratch":
-        tp = gc.tensor_parallel_mlp(mlp)
-        del mlp
-        with gc.comm_meter() as meter:
-            times = _steps(tp, x)
-        return {"times": times, "bytes_per_step": meter.bytes("all_reduce") / (WARMUP + TIMED)}
+        mlp = make_mlp()
+        return {"single": [_step(mlp, x) for _ in range(WARMUP + TIMED)][WARMUP:]}
+    # both splits in the same processes, steps alternated (ABBA...), so a busy moment hits both
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    tp = parallelize_module(mlp, init_device_mesh("cpu", (world_size,)),
-                            {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-    return {"times": _steps(tp, x)}
+    scratch = gc.tensor_parallel_mlp(make_mlp())
+    dtensor = parallelize_module(make_mlp(), init_device_mesh("cpu", (world_size,)),
+                                 {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    times, counted = {"scratch": [], "dtensor": []}, []
+    for i in range(WARMUP + TIMED):
+        order = ("scratch", "dtensor") if i % 2 == 0 else ("dtensor", "scratch")
+        for how in order:
+            if how == "scratch":
+                with gc.comm_meter() as meter:
+                    times[how].append(_step(scratch, x))
+                counted.append(meter.bytes("all_reduce"))
+            else:
+                times[how].append(_step(dtensor, x))
+    return {"scratch": times["scratch"][WARMUP:], "dtensor": times["dtensor"][WARMUP:], "bytes_per_step": counted}
 
 
 def _busy_cpu_seconds():
@@ -109,12 +112,13 @@ def main():
           f"forward+backward; {ROUNDS} rounds of {TIMED} timed steps after {WARMUP} warm-up; 1 thread per process; "
           f"{os.cpu_count()} CPUs")
     machine0, own0 = _busy_cpu_seconds()
-    rounds = [{how: gc.launch(functools.partial(worker, how=how), n, timeout=900)[0]
-               for how, n in (("single", 1), ("scratch", 2), ("dtensor", 2))} for _ in range(ROUNDS)]
-    runs = rounds[0]
+    rounds = []
+    for _ in range(ROUNDS):
+        rounds.append(gc.launch(functools.partial(worker, how="single"), 1, timeout=900)[0])
+        rounds[-1].update(gc.launch(functools.partial(worker, how="split"), 2, timeout=900)[0])
 
     def pooled(name, how):
-        return gc.Timing(name, [t for r in rounds for t in r[how]["times"]])
+        return gc.Timing(name, [t for r in rounds for t in r[how]])
 
     t_single = pooled("1 process, whole block", "single")
     t_scratch = pooled("2 processes, gc.tensor_parallel_mlp", "scratch")
@@ -128,7 +132,8 @@ def main():
           f"(from scratch / DTensor = {vs_dtensor:.3f})")
 
     # bytes: the MLP is half a block (one f, one g); a TinyGPT block is attention + MLP
-    mlp_bytes = runs["scratch"]["bytes_per_step"]
+    per_step = {b for r in rounds for b in r["bytes_per_step"]}      # the same every step?
+    mlp_bytes = per_step.pop() if len(per_step) == 1 else sorted(per_step)
     mlp_expected = gc.tp_comm_bytes(1, TOKENS, HIDDEN, 1, 2, dtype_bytes=4) // 2
     cfg = dict(vocab_size=27, seq_len=16, num_layers=2, hidden=32, num_heads=4)
     counted, summary = gc.launch(functools.partial(gpt_bytes, cfg=cfg, batch=6), 2, timeout=120)[0]
