@@ -16,8 +16,9 @@ from .runtime import (WorkerError, Timing, bf16_hardware_note, cpu_cores, cpu_su
                       print_ordered, rank_prefix, speedup, virtual_devices, visible_devices)
 
 # --- data/: offline datasets and the course's small models -----------------------------------
-from .data import (CIFAR10_CLASSES, MLP, Net, SmallConvNet, SyntheticCIFAR10, ToyModel,
-                   cifar10_or_synthetic, load_cifar10)
+from .data import (CIFAR10_CLASSES, MLP, CausalSelfAttention, FeedForward, Net, SmallConvNet,
+                   SyntheticCIFAR10, TinyGPT, TinyText, ToyModel, TransformerBlock, cifar10_or_synthetic,
+                   load_cifar10)
 
 # --- basics/ (chapter 01): serial vs parallel, Amdahl, vectorisation, roofline ----------------
 from .basics import (ChunkRecord, SharedTotal, ThroughputPoint, Trace, accumulate_in_threads,
@@ -71,6 +72,16 @@ from .sharding import (STRATEGIES, CheckpointedSequential, FullyShardedModule, M
                        recompute_sweep, reduce_scatter, residual_mlp, shard_ranges, shard_size,
                        train_sharded, wrap_for, zero_comm_bytes, zero_comm_time, zero_memory,
                        zero_memory_parts, zero_memory_widget)
+
+# --- tensor_parallel/ (chapter 09): Megatron f/g, column/row split, vocab-parallel loss, 2-D mesh
+from .tensor_parallel import (ColumnParallelLinear, CommMeter, CommRecord, RowParallelLinear,
+                              TensorParallelAttention, TensorParallelGPT, TensorParallelMLP,
+                              VocabParallelEmbedding, column_parallel, comm_meter, copy_to_tensor_parallel,
+                              gather_from_tensor_parallel, parallelism_comm, reduce_from_tensor_parallel,
+                              row_parallel, scatter_to_tensor_parallel, tensor_parallel_attention,
+                              tensor_parallel_gpt, tensor_parallel_mlp, tensor_split_sizes, tp_comm_bytes,
+                              tp_comm_time, tp_comm_widget, train_tinygpt, train_tinygpt_2d,
+                              vocab_parallel_cross_entropy)
 
 # --- observability/ (chapter 10): profiler traces, DDP options, resume, DCP, Join ------------
 from .observability import (BucketOverlap, DDPOptionResult, OverlapReport, ResumableSampler,

@@ -59,6 +59,11 @@ def _frozen(view: dict, state: dict) -> list:
         if model.get("model_name") == "OutputModel":
             still += [nbformat.from_dict(o) for o in model["state"].get("outputs", [])
                       if o.get("output_type") in ("display_data", "stream")]
+        elif model.get("model_name") == "HTMLModel" and model.get("state", {}).get("value"):
+            # a readout drawn as HTML (a table, a sentence): its text is the still picture
+            value = model["state"]["value"]
+            still.append(nbformat.v4.new_output("display_data", data={"text/html": value,
+                                                                      "text/plain": value}))
         elif (control := _control(model)) is not None:
             controls.append(control)
     text = PLACEHOLDER + (f" (sliders: {', '.join(controls)})" if controls else "")
