@@ -25,6 +25,7 @@ processes with the same rank, a ``file://`` left over from an earlier run.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import socket
 import time
@@ -230,9 +231,11 @@ def _make_store(method: InitMethod, rank: int, world_size: int, join_timeout: fl
             f"this machine ({socket.gethostname()}). Rank 0 hosts the store, so start rank 0 "
             "(--node_rank=0) on the machine whose address you give as master address")
     try:
+        # TCPStore alone listens on every interface; for a loopback URL rank 0 listens there only
+        listen_fd = _loopback_listener(method.host, method.port) if rank == 0 else None
         store = dist.TCPStore(method.host, method.port, world_size, is_master=(rank == 0),
-                              timeout=td, wait_for_workers=False)
-    except RuntimeError as e:
+                              timeout=td, wait_for_workers=False, master_listen_fd=listen_fd)
+    except (RuntimeError, OSError) as e:
         text = str(e)
         if rank == 0 and ("EADDRINUSE" in text or "already in use" in text):
             raise RuntimeError(
@@ -250,6 +253,22 @@ def _make_store(method: InitMethod, rank: int, world_size: int, join_timeout: fl
                 "it") from None
         raise
     return store, "tcp"
+
+
+def _loopback_listener(host: str, port: int) -> int | None:
+    """A socket listening on ``host:port`` when ``host`` is a loopback address, else ``None``."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return None
+    if not loopback:
+        return None
+    host = "127.0.0.1" if host == "localhost" else host
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        return sock.detach()    # the store owns it from now on (and closes it)
 
 
 def _join(store, rank: int, world_size: int, join_timeout: float, fresh_keys: int | None,

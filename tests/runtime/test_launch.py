@@ -296,6 +296,15 @@ def test_cuda_initialised_parent_uses_spawn_or_explains(monkeypatch):
         processes_mod.choose_start_method(local_fn)
 
 
+def test_nccl_or_a_loaded_cuda_driver_means_spawn(monkeypatch):
+    fn = lambda r, w: r  # noqa: E731 - a lambda, as in a notebook cell
+    assert processes_mod.choose_start_method(fn, "gloo") == "fork"
+    assert processes_mod.choose_start_method(fn, "nccl") == "spawn"
+    monkeypatch.setattr(processes_mod, "_cuda_driver_loaded", lambda: True)
+    assert processes_mod.choose_start_method(fn, "gloo") == "spawn"
+    assert "torch.cuda.is_available()" in processes_mod.why_not_fork("gloo")
+
+
 def test_refuses_when_parent_already_has_a_process_group(monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     with pytest.raises(RuntimeError, match="destroy_process_group"):
