@@ -255,6 +255,15 @@ def _make_store(method: InitMethod, rank: int, world_size: int, join_timeout: fl
     return store, "tcp"
 
 
+def _int_from_env(name: str) -> int:
+    raw = os.environ[name].strip()
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer (env:// reads {name} from the "
+                         "environment; torchrun sets it)") from None
+
+
 def _loopback_listener(host: str, port: int) -> int | None:
     """A socket listening on ``host:port`` when ``host`` is a loopback address, else ``None``."""
     try:
@@ -436,8 +445,8 @@ def checked_init_process_group(backend: str = "gloo", init_method: str | None = 
                                  "rank=/world_size=)")
             method = parse_init_method(f"tcp://{os.environ['MASTER_ADDR']}:"
                                        f"{os.environ['MASTER_PORT']}")
-            rank = int(os.environ["RANK"]) if rank is None else rank
-            world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+            rank = _int_from_env("RANK") if rank is None else rank
+            world_size = _int_from_env("WORLD_SIZE") if world_size is None else world_size
     for name, value in (("rank", rank), ("world_size", world_size)):
         if value is None:
             raise ValueError(f"{name} must be given with this init_method")

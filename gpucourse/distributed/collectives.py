@@ -110,6 +110,23 @@ def _group_info(group):
     return rank, world_size, global_rank
 
 
+def _same_on_every_rank(what: str, mine, group, describe=str) -> None:
+    """Raise ``ValueError`` on *every* rank unless all ranks pass the same ``mine``.
+
+    A collective over mismatched tensors does not fail cleanly: gloo aborts the process (SIGABRT)
+    or a receive waits forever. One small ``all_gather_object`` first lets every rank see every
+    rank's value, so they all raise the same error instead.
+    """
+    everyone = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, mine, group=group)
+    if any(other != mine for other in everyone):
+        if isinstance(mine, list):   # a long list (a model's tensors): show the first difference
+            i = next(i for i in range(max(map(len, everyone))) if len({repr(v[i:i + 1]) for v in everyone}) > 1)
+            what, everyone = f"{what} (entry {i})", [v[i] if i < len(v) else "nothing" for v in everyone]
+        listed = ", ".join(f"rank {r}: {describe(v)}" for r, v in enumerate(everyone))
+        raise ValueError(f"{what} must be the same on every rank, got {listed}")
+
+
 def _flat_real_view(contiguous: torch.Tensor) -> torch.Tensor:
     """A 1-D view of a contiguous tensor; complex numbers become pairs of reals (a sum is a sum)."""
     if contiguous.is_complex():
@@ -128,7 +145,9 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
 
     Same result as ``dist.all_reduce(tensor)`` (up to floating-point rounding order), built only
     from ``dist.isend``/``dist.irecv``: a reduce-scatter and an all-gather around the ring, see
-    :func:`ring_schedule`. Every rank must call it with a tensor of the same shape and dtype.
+    :func:`ring_schedule`. Every rank must call it with a tensor of the same shape and dtype (the
+    ranks compare them first, with one small ``all_gather_object``, and all raise ``ValueError``
+    if they differ).
 
     Two transports for the same plan:
 
@@ -169,7 +188,12 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
     _check_tensor(tensor)
     _check_int("segment_bytes", segment_bytes, 1)
     rank, p, global_rank = _group_info(group)
-    if p == 1 or tensor.numel() == 0:
+    if p == 1:
+        return tensor
+    _same_on_every_rank("ring_all_reduce: the tensor's shape and dtype",
+                        (tuple(tensor.shape), str(tensor.dtype)), group,
+                        lambda v: f"{v[0]} {v[1].replace('torch.', '')}")
+    if tensor.numel() == 0:
         return tensor
     batched = dist.get_backend(group) != "gloo" if _batched is None else _batched
     contiguous = tensor if tensor.is_contiguous() else tensor.contiguous()

@@ -80,6 +80,14 @@ def update_scale(scale: float, growth_tracker: int, found_inf: bool, *, growth_f
         but halves on every overflow. A scale that keeps falling below 1 means the gradients are
         inf/NaN for a reason scaling cannot fix (a bug, a bad batch, a too-high learning rate).
     """
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a number, got {type(scale).__name__} {scale!r}")
+    if not 0 <= scale < float("inf"):   # also NaN
+        raise ValueError(f"scale must be a finite number >= 0 (the current loss scale), got {scale!r}")
+    if isinstance(growth_tracker, bool) or not isinstance(growth_tracker, int):
+        raise TypeError(f"growth_tracker must be an int, got {type(growth_tracker).__name__} {growth_tracker!r}")
+    if growth_tracker < 0:
+        raise ValueError(f"growth_tracker must be >= 0 (clean steps in a row), got {growth_tracker}")
     if found_inf:
         return _to_fp32(scale * backoff_factor), 0
     successful = growth_tracker + 1
