@@ -131,9 +131,9 @@ def _result_message(result, rank: int, forked: bool) -> tuple:
 
         return "ok", cloudpickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:  # noqa: BLE001
-        return ("error", type(e).__name__,
-                f"rank {rank} finished, but its return value could not be sent back to the parent "
-                f"({type(e).__name__}: {e}). Return plain data: numbers, lists, dicts, tensors.\n")
+        why = (f"rank {rank} finished, but its return value could not be sent back to the parent "
+               f"({type(e).__name__}: {e}). Return plain data: numbers, lists, dicts, tensors.\n")
+        return "error", type(e).__name__, why
 
 
 def _closing_barrier(store, rank: int, world_size: int) -> None:
