@@ -100,7 +100,9 @@ def save_checkpoint(obj, path: str | os.PathLike, *, group=None) -> None:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}")
     path = os.fspath(path)
-    if not path or path.endswith(("/", os.sep)) or os.path.isdir(path):
+    if os.path.isdir(path):
+        raise ValueError(f"path {path!r} is a directory; give a file name such as {path!r}/ckpt.pt")
+    if not path or path.endswith(("/", os.sep)):
         raise ValueError(f"path must name a file, got {path!r}; give a file name such as "
                          f"{os.path.join(path or '.', 'ckpt.pt')!r}")
     if not _in_group():

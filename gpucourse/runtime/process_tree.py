@@ -144,6 +144,7 @@ def kill_trees(ranks: list[int], launch_id: str | None = None, *, seconds: float
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     adopted: set[int] = set()
+    killed: set[int] = set()
     deadline = time.monotonic() + seconds
     while True:
         table = _processes()
@@ -155,8 +156,10 @@ def kill_trees(ranks: list[int], launch_id: str | None = None, *, seconds: float
             break
         for pid in alive:
             _kill(pid, signal.SIGKILL)
+        killed.update(alive)
         time.sleep(0.01)
-    _reap(adopted, deadline)
+    # a process killed together with its parent is handed to us (the subreaper) as a zombie
+    _reap((adopted | killed) - set(ranks), deadline)
 
 
 def kill_my_descendants(seconds: float = 2.0) -> None:

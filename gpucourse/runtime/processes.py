@@ -33,7 +33,7 @@ from .process_tree import kill_trees
 from .rank_output import RankFiles
 from .rank_process import rank_main
 
-__all__ = ["Rank", "choose_start_method", "why_not_fork", "start_ranks", "send_port",
+__all__ = ["Rank", "choose_start_method", "why_not_fork", "warm_parent", "start_ranks", "send_port",
            "ask_for_stacks", "stop"]
 
 
@@ -141,9 +141,28 @@ def _spawn_without_main():
 
 # --- start ---------------------------------------------------------------------------------------
 
+_parent_warm = False
+
+
+def warm_parent() -> None:
+    """Import, once per process, what every forked rank would otherwise import on its own.
+
+    Building the first ``torch.optim`` optimizer imports ``torch._dynamo`` (~1-1.5 s). A forked
+    child inherits the parent's imported modules, so importing it once here saves that second in
+    every rank of every later launch.
+    """
+    global _parent_warm
+    if not _parent_warm:
+        with contextlib.suppress(Exception):
+            import torch._dynamo  # noqa: F401
+        _parent_warm = True
+
+
 def start_ranks(into: list[Rank], fn: Callable, args: tuple, nprocs: int, *, method: str,
                 backend: str, init_pg: bool, timeout: float, folder: str, launch_id: str) -> None:
     """Start ``nprocs`` ranks, appending each to ``into`` as soon as it runs (so it can be stopped)."""
+    if method == "fork":
+        warm_parent()
     ctx = mp.get_context(method)
     task = _task(fn, tuple(args), method, backend)
     loopback = loopback_interface()

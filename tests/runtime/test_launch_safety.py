@@ -66,12 +66,21 @@ def _launch_family_listeners(rank, world_size, url=None):
     out = None
     if rank == 0:
         parent = os.getppid()
-        ranks = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == parent]
+        ranks = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == parent
+                 and _comm(int(p)).startswith("gpucourse-rank")]
         out = (_listeners_of([parent, *ranks]), len(ranks))
     dist.barrier()
     if url is not None:
         dist.destroy_process_group()
     return out
+
+
+def _comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _ppid(pid):
@@ -123,6 +132,7 @@ def _leave_processes(rank, world_size, folder, how):
 
 @pytest.mark.parametrize("how", ["return", "double-fork", "die", "hang"])
 def test_processes_in_a_new_session_do_not_outlive_launch(tmp_path, how):
+    zombies_before = _zombie_children()
     if how == "return" or how == "double-fork":
         assert gc.launch(_leave_processes, 2, args=(tmp_path, how), init_process_group=False,
                          timeout=60) == [0, 1]
@@ -133,6 +143,25 @@ def test_processes_in_a_new_session_do_not_outlive_launch(tmp_path, how):
     pids = [int(p) for f in tmp_path.glob("*.pid") for p in f.read_text().split()]
     assert len(pids) == 4
     assert not wait_gone(pids, 3), f"survived launch(): {wait_gone(pids, 0)}"
+    # what this process adopted and killed was also reaped: no zombie left in the kernel
+    assert _zombie_children() - zombies_before == set()
+
+
+def _zombie_children() -> set[int]:
+    me = os.getpid()
+    found = set()
+    for p in os.listdir("/proc"):
+        if p.isdigit() and _ppid(int(p)) == me and _state(int(p)) == "Z":
+            found.add(int(p))
+    return found
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def test_two_quick_interrupts_still_kill_ranks_that_ignore_sigterm(tmp_path):
