@@ -27,6 +27,8 @@ from enum import Enum
 
 import torch
 
+from ..runtime import check_int, check_number
+
 __all__ = ["LossScaler", "update_scale", "activation_gradients"]
 
 
@@ -48,8 +50,7 @@ def _check_factors(init_scale, growth_factor, backoff_factor, growth_interval) -
     if not 0.0 < backoff_factor < 1.0:
         raise ValueError(f"backoff_factor must be in (0, 1) (the scale shrinks after an overflow), "
                          f"got {backoff_factor!r}")
-    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-        raise ValueError(f"growth_interval must be an int >= 1, got {growth_interval!r}")
+    check_int("growth_interval", growth_interval, 1)
 
 
 def update_scale(scale: float, growth_tracker: int, found_inf: bool, *, growth_factor: float = 2.0,
@@ -80,14 +81,8 @@ def update_scale(scale: float, growth_tracker: int, found_inf: bool, *, growth_f
         but halves on every overflow. A scale that keeps falling below 1 means the gradients are
         inf/NaN for a reason scaling cannot fix (a bug, a bad batch, a too-high learning rate).
     """
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a number, got {type(scale).__name__} {scale!r}")
-    if not 0 <= scale < float("inf"):   # also NaN
-        raise ValueError(f"scale must be a finite number >= 0 (the current loss scale), got {scale!r}")
-    if isinstance(growth_tracker, bool) or not isinstance(growth_tracker, int):
-        raise TypeError(f"growth_tracker must be an int, got {type(growth_tracker).__name__} {growth_tracker!r}")
-    if growth_tracker < 0:
-        raise ValueError(f"growth_tracker must be >= 0 (clean steps in a row), got {growth_tracker}")
+    check_number("scale", scale, minimum=0)          # the current loss scale: finite, not NaN
+    check_int("growth_tracker", growth_tracker, 0)    # clean steps in a row
     if found_inf:
         return _to_fp32(scale * backoff_factor), 0
     successful = growth_tracker + 1
