@@ -11,7 +11,7 @@ outside checks rely on it. The package has one folder per part of the course (se
 __version__ = "0.1.0"
 
 # --- runtime/: start ranks, devices, timing, rank-aware printing -----------------------------
-from .runtime import (WorkerError, Timing, bf16_hardware_note, cpu_cores, cpu_supports_bf16,
+from .runtime import (WorkerError, Timing, bf16_hardware_note, cpu_cores, cpu_supports_bf16, default_backend,
                       format_comparison, free_port, has_bf16_units, launch, measure, print0,
                       print_ordered, rank_prefix, speedup, virtual_devices, visible_devices)
 
@@ -71,3 +71,10 @@ from .sharding import (STRATEGIES, CheckpointedSequential, FullyShardedModule, M
                        recompute_sweep, reduce_scatter, residual_mlp, shard_ranges, shard_size,
                        train_sharded, wrap_for, zero_comm_bytes, zero_comm_time, zero_memory,
                        zero_memory_parts, zero_memory_widget)
+
+# --- observability/ (chapter 10): profiler traces, DDP options, resume, DCP, Join ------------
+from .observability import (BucketOverlap, DDPOptionResult, OverlapReport, ResumableSampler,
+                            allreduce_overlap, dcp_load, dcp_save, full_model_state, fully_shard_model,
+                            hidden_fraction, latest_checkpoint, load_training_state, measure_ddp_option,
+                            profile_ddp_steps, read_trace_events, rng_states, save_training_state,
+                            set_rng_states, step_traces, trace_timeline, train_uneven)

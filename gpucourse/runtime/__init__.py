@@ -5,7 +5,7 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 - ``launcher``  ``launch(fn, nprocs)``: ranks as processes, from a script or a notebook cell; its
   plumbing: ``processes`` (fork/spawn, start, stop), ``rank_process`` (inside a rank),
   ``process_tree`` (every descendant), ``ports`` (the loopback store), ``rank_output``
-- ``devices``   ``CUDA_VISIBLE_DEVICES`` remapping and CPU "virtual devices"
+- ``devices``   ``CUDA_VISIBLE_DEVICES`` remapping, CPU "virtual devices", ``default_backend()``
 - ``timing``    warm-up, repeats, median and ratios to a baseline
 - ``printing``  rank-aware printing in rank order
 - ``validate``  the one argument checker of the package (messages name the value and what is allowed)
@@ -14,13 +14,13 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 """
 
 from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units
-from .devices import cpu_cores, virtual_devices, visible_devices
+from .devices import cpu_cores, default_backend, virtual_devices, visible_devices
 from .launcher import WorkerError, free_port, launch
 from .printing import print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
 from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
 
 __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units",
-           "cpu_cores", "virtual_devices", "visible_devices", "WorkerError", "free_port", "launch",
+           "cpu_cores", "default_backend", "virtual_devices", "visible_devices", "WorkerError", "free_port", "launch",
            "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison", "measure", "speedup",
            "check_choice", "check_int", "check_number", "check_positive", "check_tensor", "check_type"]

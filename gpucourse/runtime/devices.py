@@ -18,15 +18,16 @@ import torch
 
 from .validate import check_int
 
-__all__ = ["visible_devices", "virtual_devices"]
+__all__ = ["visible_devices", "virtual_devices", "default_backend"]
 
 
 def visible_devices(spec: str | None) -> dict[int, int]:
     """Map logical CUDA ids to physical ones for a ``CUDA_VISIBLE_DEVICES`` value.
 
     Args:
-        spec: the variable's value, e.g. ``"0,3"``. ``None`` means "not set": every device this
-            machine has is visible under its own id.
+        spec: the variable's value, e.g. ``"0,3"``. ``None`` means "not set": *every* GPU this
+            machine has is visible under its own id (on a machine without GPUs that is ``{}``,
+            because there is nothing to list — not because the variable hid anything).
 
     Returns:
         ``{logical id: physical id}`` — what ``cuda:<logical>`` in the program really is.
@@ -40,6 +41,8 @@ def visible_devices(spec: str | None) -> dict[int, int]:
         {0: 0, 1: 3}
         >>> visible_devices("2, 1")      # order matters: logical 0 is physical 2
         {0: 2, 1: 1}
+        >>> visible_devices(None) == {i: i for i in range(torch.cuda.device_count())}  # unset: all
+        True
         >>> visible_devices("")          # set but empty: no GPU at all
         {}
         >>> visible_devices("1,x")
@@ -110,3 +113,35 @@ def cpu_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def default_backend() -> str:
+    """The ``torch.distributed`` backend a lesson should use on this machine.
+
+    ``"nccl"`` when CUDA devices are visible *and* this PyTorch build has NCCL (the usual
+    multi-GPU case), otherwise ``"gloo"`` (CPU tensors, or a build without NCCL such as
+    Windows or macOS). The course's launch cells pass ``backend=gc.default_backend()``, so the
+    same cell runs gloo on a laptop and NCCL on a GPU machine.
+
+    Returns:
+        ``"nccl"`` or ``"gloo"``.
+
+    Example::
+
+        >>> default_backend() in ("gloo", "nccl")
+        True
+        >>> import torch
+        >>> torch.cuda.is_available() or default_backend() == "gloo"   # no GPU -> gloo
+        True
+
+    .. warning::
+        NCCL only moves CUDA tensors: code that picks ``"nccl"`` must also put every tensor it
+        sends on ``torch.device("cuda", local_rank)`` (and call ``torch.cuda.set_device`` first).
+        Asking for CUDA availability initialises the CUDA driver in this process, so call this
+        *after* setting ``CUDA_VISIBLE_DEVICES``.
+    """
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0 and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"

@@ -507,7 +507,8 @@ def test_every_planted_wrong_answer_passes_visible_fails_hidden(chapter, tmp_pat
 
 #: chapters whose planted wrong answers live beside the chapter's own tests (same proof, their
 #: own runner); each of those files must name every exercise id of its chapter
-PLANTED_ELSEWHERE = {"08": "tests/sharding/test_exercise_checks.py"}
+PLANTED_ELSEWHERE = {"08": "tests/sharding/test_ch08_exercise_checks.py",
+                     "10": "tests/observability/test_ch10_exercise_checks.py"}
 
 
 def test_every_exercise_has_a_planted_wrong_answer():

@@ -80,3 +80,13 @@ def test_one_argument_validator_for_the_whole_package():
             if re.search(r"if isinstance\((\w+), bool\) or not isinstance\(\1, int\)(:| or \1 < )", line):
                 copies.append(f"{rel}:{n}: {line.strip()}")
     assert copies == [], "use gpucourse.runtime.validate.check_int:\n" + "\n".join(copies)
+
+
+def test_test_files_have_unique_names():
+    """tests/<part>/ folders are not packages: pytest imports each test file by its basename, so two
+    files with one name in different folders break collection ("import file mismatch")."""
+    from collections import Counter
+
+    tests = Path(__file__).resolve().parents[1]
+    names = Counter(p.name for p in tests.rglob("test_*.py"))
+    assert [n for n, c in names.items() if c > 1] == []

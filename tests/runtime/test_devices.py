@@ -56,3 +56,34 @@ def test_virtual_devices_cpu(n):
 def test_virtual_devices_bad(n, exc):
     with pytest.raises(exc, match="n must be"):
         gc.virtual_devices(n)
+
+
+def test_default_backend_matches_this_machine():
+    import torch.distributed as dist
+    expected = "nccl" if (torch.cuda.is_available() and dist.is_nccl_available()) else "gloo"
+    assert gc.default_backend() == expected
+
+
+@pytest.mark.parametrize("cuda, count, nccl, expected", [
+    (False, 0, False, "gloo"), (False, 0, True, "gloo"), (True, 2, False, "gloo"),
+    (True, 0, True, "gloo"), (True, 1, True, "nccl"), (True, 8, True, "nccl")])
+def test_default_backend_decision(monkeypatch, cuda, count, nccl, expected):
+    import torch.distributed as dist
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: nccl)
+    assert gc.default_backend() == expected
+
+
+def test_default_backend_runs_a_collective():
+    import torch.distributed as dist
+
+    def fn(rank, world):
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t)
+        return dist.get_backend(), t.item()
+
+    backend = gc.default_backend()
+    if backend != "gloo":
+        pytest.skip("collective test is for the CPU backend")
+    assert gc.launch(fn, 2, backend=backend, timeout=60) == [("gloo", 3.0), ("gloo", 3.0)]
