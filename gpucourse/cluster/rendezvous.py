@@ -33,7 +33,7 @@ import urllib.parse
 from dataclasses import dataclass
 from functools import cache
 
-from ..runtime import check_int
+from ..runtime import check_int, listen_on
 
 __all__ = ["InitMethod", "checked_init_process_group", "parse_init_method"]
 
@@ -272,14 +272,7 @@ def _loopback_listener(host: str, port: int) -> int | None:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:
         return None
-    if not loopback:
-        return None
-    host = "127.0.0.1" if host == "localhost" else host
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        return sock.detach()    # the store owns it from now on (and closes it)
+    return listen_on("127.0.0.1" if host == "localhost" else host, port) if loopback else None
 
 
 def _join(store, rank: int, world_size: int, join_timeout: float, fresh_keys: int | None,
