@@ -61,3 +61,6 @@ from .pipeline import (GPipe, ModelParallel, ParallelGrid, PipelineComm, Pipelin
                        make_schedule, merge_microbatches, one_f_one_b_schedule, pipeline_step,
                        run_pipeline, split_microbatches, split_sequential, train_pipeline,
                        train_sequential, train_torch_pipelining, training_state_bytes)
+
+# --- grading/: self-check an exercises notebook from one of its cells -------------------------
+from .grading import check, check_this_notebook

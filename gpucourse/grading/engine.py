@@ -88,7 +88,8 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    deadline = time.monotonic() + notebook_timeout
+    # the budget starts when the kernel is ready (starting it is the grader's cost, not the notebook's)
+    deadline = time.monotonic() + notebook_timeout + 600
     cells: list[dict] = [{"status": "not run", "error": "", "message": "", "seconds": 0.0}
                          for _ in nb.cells]
     record: dict = {"cells": cells, "tampered": None, "ran": [], "fatal": ""}
@@ -125,6 +126,7 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
             return json.loads(ast.literal_eval(expr["data"]["text/plain"]))
 
         async def run(self, env):
+            nonlocal deadline
             async with self.async_setup_kernel(**({"env": env} if env else {})):
                 await self.async_wait_for_reply(await ensure_async(self.kc.kernel_info()))
                 msg_id = await ensure_async(self.kc.execute(
@@ -134,6 +136,7 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                 if reply is None or reply["content"]["status"] != "ok":
                     record["fatal"] = "the grader could not prepare the kernel"
                     return
+                deadline = time.monotonic() + notebook_timeout
                 for index, cell in enumerate(self.nb.cells):
                     if cell.cell_type != "code" or not cell.source.strip():
                         cells[index]["status"] = "ok"

@@ -147,7 +147,7 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, hidden: dic
            "cwd": str(cwd or work), "cell_timeout": options.cell_timeout,
            "notebook_timeout": options.notebook_timeout, "output_limit": options.limits.output_bytes}
     record = run_job(job, work=work, limits=options.limits, mode=mode,
-                     wall=options.notebook_timeout + 60, hide=options.hide)
+                     wall=options.notebook_timeout + 180, hide=options.hide)
     results, others, problem = score(record, slots, origin)
     rows = []
     for cid in dict.fromkeys(s.id for s in slots):
@@ -223,8 +223,11 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpucourse-grade-") as root:
         def one(sub):
-            g = grade_notebook(sub, releases, hidden=hidden, options=options, mode=mode,
-                               expected=expected, work_root=Path(root))
+            try:
+                g = grade_notebook(sub, releases, hidden=hidden, options=options, mode=mode,
+                                   expected=expected, work_root=Path(root))
+            except Exception as e:  # noqa: BLE001 - one odd notebook is a row, never a crash
+                g = _bad(sub, "unreadable", f"could not be graded: {type(e).__name__}: {e}")
             if not quiet:
                 _print_notebook(g)
             return g
@@ -236,7 +239,10 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     if csv_path:
         write_csv(rows, csv_path)
     if json_path:
-        write_json(rows, json_path, isolation=line)
+        write_json(rows, json_path, isolation=line, notebooks=[
+            {"student": g.sub.student, "notebook": str(g.sub.path), "status": g.status, "problem": g.problem,
+             "wall_seconds": g.record.get("wall_seconds", 0.0),
+             "processes_killed_after": g.record.get("leftovers_killed", 0)} for g in graded])
     if feedback:
         write_feedback(rows, feedback, fmt=feedback_format)
     if any(g.status != "graded" for g in graded):

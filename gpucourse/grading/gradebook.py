@@ -57,8 +57,9 @@ def write_csv(rows: list[Row], path: str | Path) -> None:
             w.writerow(asdict(r))
 
 
-def write_json(rows: list[Row], path: str | Path, *, isolation: str = "") -> None:
-    data = {"isolation": isolation, "rows": [{k: v for k, v in asdict(r).items() if k in COLUMNS}
+def write_json(rows: list[Row], path: str | Path, *, isolation: str = "",
+               notebooks: list[dict] | None = None) -> None:
+    data = {"isolation": isolation, "notebooks": notebooks or [], "rows": [{k: v for k, v in asdict(r).items() if k in COLUMNS}
                                               for r in rows]}
     Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 

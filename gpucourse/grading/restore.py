@@ -270,8 +270,7 @@ def restore(sub, release: Release, *, hidden: dict[str, list[tuple[str, str]]] |
             cell.source = (cell.source.rstrip() + "\n__import__('gpucourse.grading.guard', "
                            f"fromlist=['ran']).ran({slot.nonce!r})")
         del cell.metadata[marker]
-    run = nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": release.nb.metadata.get(
-        "kernelspec", {}), "gpucourse": {"chapter": release.chapter}})
+    run = nbformat.v4.new_notebook(cells=cells, metadata={"gpucourse": {"chapter": release.chapter}})
     return run, slots, origin
 
 
