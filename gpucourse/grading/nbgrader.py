@@ -3,8 +3,8 @@
 Our solution markers are nbgrader's (``### BEGIN SOLUTION`` / ``### END SOLUTION``), so a solutions
 notebook maps onto nbgrader's cell metadata directly::
 
-    cell with a solution region  → {"solution": true,  "grade": false, "locked": false, "grade_id": "NN.k-answer"}
-    check cell "# Check NN.k"    → {"solution": false, "grade": true,  "locked": true,  "grade_id": "NN.k",
+    cell with a solution region  → {"solution": true,  "grade": false, "locked": false, "grade_id": "exNN_k-answer"}
+    check cell "# Check NN.k"    → {"solution": false, "grade": true,  "locked": true,  "grade_id": "exNN_k",
                                     "points": <points metadata, default 1>}
     hidden cells "# Hidden NN.k" → appended to that check cell inside
                                     ### BEGIN HIDDEN TESTS / ### END HIDDEN TESTS
@@ -24,9 +24,14 @@ import nbformat
 from .exercises import CHECK_TAG, exercise_index
 from .restore import HIDDEN_HEADER, HIDDEN_TAG
 
-__all__ = ["to_nbgrader", "export_nbgrader", "NBGRADER_SCHEMA"]
+__all__ = ["to_nbgrader", "export_nbgrader", "grade_id", "NBGRADER_SCHEMA"]
 
 NBGRADER_SCHEMA = 3
+
+
+def grade_id(exercise: str) -> str:
+    """nbgrader's id of an exercise's check (``[A-Za-z0-9_-]`` only): ``04.2`` → ``ex04_2``."""
+    return "ex" + exercise.replace(".", "_")
 
 
 def _meta(grade_id: str, *, solution=False, grade=False, locked=True, points=None, task=False) -> dict:
@@ -62,7 +67,7 @@ def to_nbgrader(nb, *, name: str = "notebook"):
             ex = answer_of[i]
             n = answers_seen.get(ex, 0)
             answers_seen[ex] = n + 1
-            cell.metadata["nbgrader"] = _meta(f"{ex}-answer" + (f"-{n + 1}" if n else ""), solution=True,
+            cell.metadata["nbgrader"] = _meta(f"{grade_id(ex)}-answer" + (f"-{n + 1}" if n else ""), solution=True,
                                               locked=False)
         elif i in check_of:
             ex = check_of[i]
@@ -70,10 +75,10 @@ def to_nbgrader(nb, *, name: str = "notebook"):
             if hidden.get(ex):
                 cell.source = (cell.source.rstrip() + "\n\n### BEGIN HIDDEN TESTS\n"
                                + "\n\n".join(h.strip() for h in hidden[ex]) + "\n### END HIDDEN TESTS")
-            cell.metadata["nbgrader"] = _meta(ex, grade=True, points=points)
+            cell.metadata["nbgrader"] = _meta(grade_id(ex), grade=True, points=points)
             cell.metadata["tags"] = [t for t in tags if t != CHECK_TAG] + [CHECK_TAG]
         else:
-            cell.metadata["nbgrader"] = _meta(f"cell-{cell.get('id', i)}")
+            cell.metadata["nbgrader"] = _meta(f"cell-{i}")
         cells.append(cell)
     out.cells = cells
     out.metadata.pop("gpucourse", None)
