@@ -100,12 +100,13 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                 "stream", "display_data", "execute_result", "update_display_data") else 0
             used = self._sizes.get(cell_index, 0) + size
             self._sizes[cell_index] = used
-            if used > output_limit > 0:
+            # the kernel already cut at output_limit characters; this catches what bypassed that
+            if output_limit > 0 and used > 2 * output_limit + 65536:
                 if cell_index not in self._cut:
                     self._cut.add(cell_index)
                     outs.append(nbformat.v4.new_output(
                         "stream", name="stderr",
-                        text=f"[output truncated by the grader after {output_limit} bytes]\n"))
+                        text=f"[output truncated by the grader after {used} bytes]\n"))
                 return None
             return super().output(outs, msg, display_id, cell_index)
 

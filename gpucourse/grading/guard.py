@@ -60,14 +60,19 @@ def _transformers(ip):
 
 
 def _cap_output(ip, limit: int) -> None:
+    """Cut a cell's stdout/stderr after ``limit`` characters, before IPython or ipykernel keep it.
+
+    IPython wraps ``sys.stdout.write`` anew for every cell (to keep outputs in its history) and
+    restores it afterwards, so the cap is put on top of that wrapper at the start of every cell.
+    """
     state = {"n": 0, "cut": False}
 
     def wrap(stream):
         write = stream.write
 
-        def capped(s):
+        def capped(s, *args, **kwargs):
             if not isinstance(s, str):
-                return write(s)
+                return write(s, *args, **kwargs)
             if state["n"] >= limit:
                 if not state["cut"]:
                     state["cut"] = True
@@ -77,13 +82,16 @@ def _cap_output(ip, limit: int) -> None:
             if state["n"] > limit:
                 write(s[: len(s) - (state["n"] - limit)])
                 return len(s)
-            return write(s)
+            return write(s, *args, **kwargs)
 
         stream.write = capped
 
-    for stream in (sys.stdout, sys.stderr):
-        wrap(stream)
-    ip.events.register("pre_run_cell", lambda *a: state.update(n=0, cut=False))
+    def on_cell(*args):
+        state.update(n=0, cut=False)
+        for stream in (sys.stdout, sys.stderr):
+            wrap(stream)
+
+    ip.events.register("pre_run_cell", on_cell)
 
 
 def install(names: list[str], output_limit: int) -> None:
