@@ -5,7 +5,9 @@ a quarter cheating (edited checks, a no-op assert_close, a hidden error display,
 transformer), a quarter broken (unsolved, truncated, not a notebook) — and one solved submission
 that prints 300 MB. Each class is graded by `python -m gpucourse grade --workers W` in a
 subprocess whose memory (the grader and its sandbox shepherds, not the student kernels) is sampled
-from /proc every 0.1 s.
+from /proc every 0.1 s. The memory target is on anonymous memory (what grading allocates): any
+process that imports torch, as `python -m gpucourse` does, also maps ~500 MB of torch's shared
+libraries, printed as RSS.
 
     python benchmarks/grading.py                 # targets: ratio >= 1.6x, peak <= 500 MB, 0 mis-graded
     python benchmarks/grading.py --per-chapter 8 # a quicker, smaller class

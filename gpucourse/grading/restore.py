@@ -277,14 +277,17 @@ def restore(sub, release: Release, *, hidden: dict[str, list[tuple[str, str]]] |
 def _insertion_point(cells, cid: str, release: Release) -> int:
     """Where a deleted check goes: end of its exercise section, else after the release's previous
     cell's counterpart, else the end."""
-    start = None
+    start, level = None, 0
     for pos, cell in enumerate(cells):
         if cell.cell_type != "markdown":
             continue
-        ids = [m["id"] for m in EXERCISE_HEADING.finditer(cell.source)]
-        if start is None and cid in ids:
-            start = pos
-        elif start is not None and ids:
+        if start is None:
+            m = next((m for m in EXERCISE_HEADING.finditer(cell.source) if m["id"] == cid), None)
+            if m:
+                start, level = pos, len(m.group(0)) - len(m.group(0).lstrip("#"))
+            continue
+        heading = re.match(r"^(#+)\s", cell.source.lstrip())
+        if heading and len(heading[1]) <= level:        # the next section at the same level or above
             return pos
     if start is not None:
         return len(cells)
