@@ -28,7 +28,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "grading"))
 
-from make_corpus import CH00, CH03, _insert_after_imports, exercises, solved  # noqa: E402
+from make_corpus import CH00, CH03, _insert_after_imports, exercises, solved
 
 CHEATS = [
     lambda nb: [c.update(source=c.source.splitlines()[0] + "\nprint('passed ✓')") for c in nb.cells

@@ -18,5 +18,4 @@ shepherd loads it on its own.
 from .check import check, check_this_notebook, run_notebook
 from .exercises import generate_exercises
 
-
-__all__ = ["run_notebook", "generate_exercises", "check", "check_this_notebook"]
+__all__ = ["check", "check_this_notebook", "generate_exercises", "run_notebook"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import nbformat
 
-__all__ = ["execute", "score", "names_used", "SlotResult", "GUARDED"]
+__all__ = ["GUARDED", "SlotResult", "execute", "names_used", "score"]
 
 #: always verified, whatever the check's source says
 GUARDED = ["torch.testing.assert_close", "torch.allclose", "torch.equal"]

@@ -26,11 +26,19 @@ import nbformat
 
 from .engine import names_used, score
 from .gradebook import Row, summary_table, write_csv, write_feedback, write_json
-from .restore import NotANotebook, Release, chapter_of, load_hidden, load_release, load_releases, \
-    parse_notebook, restore
+from .restore import (
+    NotANotebook,
+    Release,
+    chapter_of,
+    load_hidden,
+    load_release,
+    load_releases,
+    parse_notebook,
+    restore,
+)
 from .sandbox import Limits, describe, isolation, run_job
 
-__all__ = ["Submission", "Options", "discover", "grade_notebook", "grade", "main"]
+__all__ = ["Options", "Submission", "discover", "grade", "grade_notebook"]
 
 MAX_NOTEBOOK_BYTES = 32 << 20
 
@@ -170,8 +178,9 @@ def _print_notebook(g: Graded, out=sys.stdout) -> None:
     print(f"{g.sub.student}: {g.sub.path}", file=out)
     for r in g.rows:
         hidden = f"  hidden {r.hidden}" if r.hidden else ""
-        note = {"edited": "  (check cell was edited — restored)", "deleted": "  (check cell was deleted — "
-                "put back)", "missing": "  (exercise missing from the submission)"}.get(r.restored, "")
+        note = {"edited": f"  (check cell {r.exercise} was edited — restored)",
+                "deleted": f"  (check cell {r.exercise} was deleted — put back)",
+                "missing": f"  (exercise {r.exercise} is missing from the submission)"}.get(r.restored, "")
         detail = f" — {r.error}" if r.error else ""
         print(f"  {r.exercise:<5} {r.visible}{hidden}  {r.title}{detail}{note}", file=out)
     for where, err in g.others:

@@ -24,7 +24,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["Row", "COLUMNS", "write_csv", "write_json", "summary_table", "write_feedback"]
+__all__ = ["COLUMNS", "Row", "summary_table", "write_csv", "write_feedback", "write_json"]
 
 
 @dataclass

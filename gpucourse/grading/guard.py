@@ -24,7 +24,7 @@ import importlib
 import json
 import sys
 
-__all__ = ["install", "report", "ran", "ALIASES"]
+__all__ = ["ALIASES", "install", "ran", "report"]
 
 #: how notebooks name modules → the module
 ALIASES = {"gc": "gpucourse", "torch": "torch", "F": "torch.nn.functional", "dist": "torch.distributed",

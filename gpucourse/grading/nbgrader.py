@@ -24,7 +24,7 @@ import nbformat
 from .exercises import CHECK_TAG, exercise_index
 from .restore import HIDDEN_HEADER, HIDDEN_TAG
 
-__all__ = ["to_nbgrader", "export_nbgrader", "grade_id", "NBGRADER_SCHEMA"]
+__all__ = ["NBGRADER_SCHEMA", "export_nbgrader", "grade_id", "to_nbgrader"]
 
 NBGRADER_SCHEMA = 3
 

@@ -34,8 +34,18 @@ import nbformat
 
 from .exercises import CHECK_HEADER, CHECK_TAG, EXERCISE_HEADING, check_hash
 
-__all__ = ["Release", "ReleaseCheck", "Slot", "load_release", "load_releases", "load_hidden",
-           "chapter_of", "restore", "NotANotebook", "HIDDEN_HEADER"]
+__all__ = [
+    "HIDDEN_HEADER",
+    "NotANotebook",
+    "Release",
+    "ReleaseCheck",
+    "Slot",
+    "chapter_of",
+    "load_hidden",
+    "load_release",
+    "load_releases",
+    "restore",
+]
 
 HIDDEN_TAG = "hidden"
 #: first line of a hidden check cell in ``solutions/``: ``# Hidden 04.2 — …``

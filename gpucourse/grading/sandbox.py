@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Limits", "isolation", "run_job", "kill_token", "shepherd_main", "descendants"]
+__all__ = ["Limits", "descendants", "isolation", "kill_token", "run_job", "shepherd_main"]
 
 PR_SET_CHILD_SUBREAPER = 36
 _TOKEN = "GPUCOURSE_GRADE_TOKEN"

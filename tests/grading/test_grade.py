@@ -15,12 +15,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from _grading_helpers import tiny_submission
+from make_corpus import EXPECTED, write
 
 from gpucourse.grading.grade import Options, grade
 from gpucourse.grading.sandbox import isolation
-
-from _grading_helpers import tiny_submission
-from make_corpus import EXPECTED, write
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_BWRAP = isolation() == "bwrap"

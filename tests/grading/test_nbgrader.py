@@ -9,11 +9,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from _grading_helpers import tiny_solutions
 
 from gpucourse.grading.grade import Options, grade
 from gpucourse.grading.nbgrader import export_nbgrader, grade_id, to_nbgrader
-
-from _grading_helpers import tiny_solutions
 
 ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = ["00_setup_exercises.ipynb", "03_balanced_data_parallel_exercises.ipynb"]
@@ -60,7 +59,7 @@ def test_nbgrader_agrees_with_our_grader(tmp_path):
     (course / "nbgrader_config.py").write_text('c = get_config()\nc.CourseDirectory.course_id = "gpucourse"\n'
                                                "c.ExecutePreprocessor.timeout = 300\n")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    run = lambda *args: subprocess.run([NBGRADER, *args], cwd=course, env=env, capture_output=True,  # noqa: E731
+    run = lambda *args: subprocess.run([NBGRADER, *args], cwd=course, env=env, capture_output=True,
                                        text=True, timeout=900)
     r = run("generate_assignment", "a1", "--force")
     assert r.returncode == 0, r.stderr[-2000:]

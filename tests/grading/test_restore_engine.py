@@ -4,12 +4,11 @@ import itertools
 
 import nbformat
 import pytest
+from _grading_helpers import TINY
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from gpucourse.grading.engine import execute, names_used
 from gpucourse.grading.restore import NotANotebook, chapter_of, load_release, parse_notebook, restore
-
-from _grading_helpers import TINY
 
 
 @pytest.fixture
