@@ -8,7 +8,7 @@
                                                           └─► kernel ─► whatever the notebook starts
            ◄── result JSON on a private pipe ────────────┘
 
-- Limits (``setrlimit`` before exec, inherited by the kernel and everything it starts): CPU seconds,
+- Limits (``setrlimit`` in the shepherd before it starts the kernel, inherited by the kernel and everything it starts): CPU seconds,
   address space, open file size, no core files; processes (``RLIMIT_NPROC``) when not root.
 - The shepherd is a child subreaper: every orphan — also one that called ``setsid`` or
   double-forked — is re-parented to it, and after the notebook it kills its descendants until none
@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -87,18 +88,15 @@ def describe(mode: str, limits: Limits) -> str:
             "isolation")
 
 
-def _preexec(limits: Limits):
-    def apply():
-        os.setsid()
-        for what, value in ((resource.RLIMIT_CPU, limits.cpu_seconds),
-                            (resource.RLIMIT_AS, limits.memory_bytes),
-                            (resource.RLIMIT_FSIZE, limits.file_bytes),
-                            (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(what, (value, value))
-        if os.getuid() != 0:
-            running = sum(1 for p in os.listdir("/proc") if p.isdigit())
-            resource.setrlimit(resource.RLIMIT_NPROC, (running + limits.processes,) * 2)
-    return apply
+def _rlimits(limits: dict, running: int) -> None:
+    """Set the limits on this process (the shepherd); the kernel and its children inherit them."""
+    for what, value in ((resource.RLIMIT_CPU, limits["cpu_seconds"]),
+                        (resource.RLIMIT_AS, limits["memory_bytes"]),
+                        (resource.RLIMIT_FSIZE, limits["file_bytes"]),
+                        (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(what, (value, value))
+    if os.getuid() != 0:            # root is exempt from RLIMIT_NPROC; bwrap's pid namespace remains
+        resource.setrlimit(resource.RLIMIT_NPROC, (running + limits["processes"],) * 2)
 
 
 def _bwrap_argv(work: Path, hide: list[Path]) -> list[str]:
@@ -136,8 +134,11 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
         argv = _bwrap_argv(work, list(hide)) + argv
     log = open(work / ".shepherd.log", "wb")
     started = time.monotonic()
+    job = dict(job, limits=dataclasses.asdict(limits),
+               running=sum(1 for p in os.listdir("/proc") if p.isdigit()))
+    # no preexec_fn (unsafe with the grader's worker threads): the shepherd limits itself first
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                            cwd=work, env=env, pass_fds=(write_fd,), preexec_fn=_preexec(limits))
+                            cwd=work, env=env, pass_fds=(write_fd,), start_new_session=True)
     os.close(write_fd)
     chunks: list[bytes] = []
 
@@ -280,6 +281,7 @@ def shepherd_main() -> None:
     fd = int(os.environ.pop("GPUCOURSE_RESULT_FD"))
     os.set_inheritable(fd, False)
     job = json.loads(sys.stdin.buffer.read())
+    _rlimits(job["limits"], job["running"])
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     signal.signal(signal.SIGTERM, lambda *a: (_kill_descendants(), os._exit(3)))

@@ -247,3 +247,19 @@ def test_shipped_exercises_look_unsolved_and_say_what_a_pass_prints():
                 assert meta["hash"] == check_hash(cell.source)
                 assert f"the check prints `{meta['exercise']} passed ✓`" in text or \
                     f"check cell prints `{meta['exercise']} passed ✓`" in text
+
+
+def test_file_size_limit_applies_to_the_notebook(tiny_release, tmp_path):
+    from gpucourse.grading.grade import Submission, grade_notebook
+    from gpucourse.grading.restore import load_releases
+    from gpucourse.grading.sandbox import Limits
+
+    rel, _ = tiny_release
+    path = tiny_submission(tmp_path / "subs", "big", "return x * x",
+                           extra=["open('big.bin', 'wb').write(b'0' * 3_000_000)"])
+    g = grade_notebook(Submission("big", path, path.read_bytes()), load_releases(rel), hidden=None,
+                       options=Options(cell_timeout=60, notebook_timeout=120,
+                                       limits=Limits(file_bytes=1 << 20)),
+                       mode=isolation(), work_root=tmp_path)
+    assert g.rows[0].visible == "✓"
+    assert any("File too large" in err for _, err in g.others), g.others
