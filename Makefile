@@ -1,6 +1,7 @@
 # gpucourse — everything a learner, an instructor or CI needs is one `make` away.
 #
 #   make lab        create .venv if needed, install, open JupyterLab at chapter 00
+#   make lab TORCH=cpu   the same with PyTorch's CPU-only wheels (~0.2 GB instead of ~3 GB to download)
 #   make test       create .venv if needed, install, run every test and every notebook
 #   make check NB=exercises/04_…ipynb        self-check one exercises notebook in a fresh kernel
 #   make grade SUBMISSIONS=subs/             grade a class (GRADE_ARGS="--hidden --csv grades.csv")
@@ -10,8 +11,21 @@
 PYTHON    ?= python3
 VENV      ?= .venv
 PY        := $(VENV)/bin/python
-STAMP     := $(VENV)/.gpucourse-installed
+STAMP     := $(VENV)/.gpucourse-installed$(if $(filter cpu,$(TORCH)),-cpu,)
 LAB_ARGS  ?=
+# TORCH=pypi (default, what CI uses): torch from PyPI, exact pins from constraints.txt. PyPI's Linux
+# wheel brings ~3 GB of CUDA libraries and triton, GPU or not. TORCH=cpu: the same torch and
+# torchvision versions (read from constraints.txt) from PyTorch's own CPU-only wheel index, as
+# pytorch.org's install selector gives it (`pip install torch torchvision --index-url ...cpu`);
+# every other package still comes from PyPI with its pin.
+TORCH     ?= pypi
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PINS = $(shell grep -E '^(torch|torchvision)==' constraints.txt)
+$(if $(filter-out pypi cpu,$(TORCH)),$(error TORCH must be pypi (the default) or cpu, got '$(TORCH)'))
+PIP       := $(PY) -m pip install --disable-pip-version-check
+# the lab's application settings (lab/settings/overrides.json: no news pop-up, no update check);
+# they change JupyterLab's defaults for this lab only, the user's own settings still win
+LAB_SETTINGS := $(CURDIR)/lab/settings
 # JupyterLab refuses to start as root (common in containers) unless told it is deliberate
 LAB_ROOT  := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 # xdist workers for the test runs (each test/notebook starts its own processes, 2 suits 2 cores)
@@ -30,11 +44,20 @@ env: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[test]'
+ifeq ($(TORCH),cpu)
+	@echo "== downloading PyTorch, CPU-only wheels (~0.2 GB) from $(TORCH_CPU_INDEX) ..."
+	$(PIP) --index-url $(TORCH_CPU_INDEX) --no-deps --force-reinstall $(TORCH_PINS)
+else
+	@echo "== PyTorch from PyPI: the first time a ~3 GB download (its CUDA libraries and triton; 5.8 GB on disk) ..."
+	@echo "   (no NVIDIA GPU? Ctrl-C, then: make clean; make lab TORCH=cpu  -- a ~0.2 GB download)"
+	$(PIP) -c constraints.txt torch torchvision
+endif
+	@echo "== installing the course package, JupyterLab and the test tools ..."
+	$(PIP) -q -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks/00_setup.ipynb $(LAB_ROOT) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/notebooks/00_setup.ipynb --LabApp.app_settings_dir="$(LAB_SETTINGS)" $(LAB_ROOT) $(LAB_ARGS)
 
 test: test-package test-notebooks
 

@@ -5,9 +5,8 @@ a quarter cheating (edited checks, a no-op assert_close, a hidden error display,
 transformer), a quarter broken (unsolved, truncated, not a notebook) — and one solved submission
 that prints 300 MB. Each class is graded by `python -m gpucourse grade --workers W` in a
 subprocess whose memory (the grader and its sandbox shepherds, not the student kernels) is sampled
-from /proc every 0.1 s. The memory target is on anonymous memory (what grading allocates): any
-process that imports torch, as `python -m gpucourse` does, also maps ~500 MB of torch's shared
-libraries, printed as RSS.
+from /proc every 0.1 s. Note: `python -m gpucourse` imports the package and so torch (~550 MB
+resident before any grading); the breakdown printed shows that baseline and the growth.
 
     python benchmarks/grading.py                 # targets: ratio >= 1.6x, peak <= 500 MB, 0 mis-graded
     python benchmarks/grading.py --per-chapter 8 # a quicker, smaller class
@@ -109,16 +108,27 @@ def _tree(root_pid: int) -> dict[str, int]:
     return out
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def run(folder: Path, workers: int, out: Path) -> dict:
     proc = subprocess.Popen([sys.executable, "-m", "gpucourse", "grade", str(folder), "--release",
                              str(ROOT / "exercises"), "--workers", str(workers), "--json", str(out),
                              "--notebook-timeout", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             cwd=ROOT)
     peak = {"main": 0, "tree": 0, "anon": 0}
+    baseline = []
 
     def sample():
         while proc.poll() is None:
-            for k, v in _tree(proc.pid).items():
+            now = _tree(proc.pid)
+            if not baseline and len(_children(proc.pid)) > 0:
+                baseline.append(now["main"])            # imports done, first notebook starting
+            for k, v in now.items():
                 peak[k] = max(peak[k], v)
             time.sleep(0.1)
 
@@ -128,7 +138,8 @@ def run(folder: Path, workers: int, out: Path) -> dict:
     proc.wait()
     elapsed = time.monotonic() - started
     t.join()
-    return {"seconds": elapsed, "main_mb": peak["main"] / 2**20, "tree_mb": peak["tree"] / 2**20,
+    return {"seconds": elapsed, "main_mb": peak["main"] / 2**20,
+            "baseline_mb": (baseline[0] if baseline else 0) / 2**20, "tree_mb": peak["tree"] / 2**20,
             "anon_mb": peak["anon"] / 2**20,
             "rows": json.loads(out.read_text())["rows"], "code": proc.returncode}
 
@@ -162,19 +173,18 @@ def main():
             results[workers] = r
             bad = misgraded(r["rows"], expected)
             print(f"--workers {workers}: {n} notebooks in {r['seconds']:.0f} s = {60 * n / r['seconds']:.1f} "
-                  f"notebooks/min; peak memory: grader {r['main_mb']:.0f} MB RSS, grader + shepherds "
+                  f"notebooks/min; peak memory: grader {r['main_mb']:.0f} MB RSS ({r['baseline_mb']:.0f} MB "
+                  f"after importing gpucourse, before the first notebook), grader + shepherds "
                   f"{r['tree_mb']:.0f} MB RSS of which {r['anon_mb']:.0f} MB anonymous (heap); "
                   f"mis-graded {len(bad)}", flush=True)
             for line in bad[:10]:
                 print("   ", line)
     ratio = results[1]["seconds"] / results[2]["seconds"]
-    # The grader imports gpucourse and so torch, whose shared libraries alone are ~500 MB resident
-    # in any process that imports it; what grading itself allocates is the anonymous memory.
-    peak = max(r["anon_mb"] for r in results.values())
+    peak = max(r["tree_mb"] for r in results.values())
     wrong = sum(len(misgraded(r["rows"], expected)) for r in results.values())
     ok = ratio >= 1.6 and peak <= 500 and wrong == 0
     print(f"throughput ratio 2 workers / 1 worker: {ratio:.2f}x (target >= 1.6x); peak grader memory "
-          f"{peak:.0f} MB anonymous, grader + shepherds (target <= 500 MB); mis-graded {wrong} (target 0): {'MET' if ok else 'NOT MET'}")
+          f"{peak:.0f} MB RSS, grader + shepherds (target <= 500 MB); mis-graded {wrong} (target 0): {'MET' if ok else 'NOT MET'}")
     print("(2 cores shared with everything else on the machine: the ratio is noisy)")
     return 0 if ok else 1
 

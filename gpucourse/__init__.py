@@ -11,8 +11,9 @@ outside checks rely on it. The package has one folder per part of the course (se
 __version__ = "0.1.0"
 
 # --- runtime/: start ranks, devices, timing, rank-aware printing -----------------------------
-from .runtime import (WorkerError, Timing, cpu_cores, format_comparison, free_port, launch, measure,
-                      print0, print_ordered, rank_prefix, speedup, virtual_devices, visible_devices)
+from .runtime import (WorkerError, Timing, bf16_hardware_note, cpu_cores, cpu_supports_bf16,
+                      format_comparison, free_port, has_bf16_units, launch, measure, print0,
+                      print_ordered, rank_prefix, speedup, virtual_devices, visible_devices)
 
 # --- data/: offline datasets and the course's small models -----------------------------------
 from .data import (CIFAR10_CLASSES, MLP, Net, SmallConvNet, SyntheticCIFAR10, ToyModel,
@@ -49,7 +50,8 @@ from .cluster import (LINKS, AlphaBeta, DistEnv, EmulatedLink, InitMethod, NodeE
 # --- precision/ (chapter 06): number formats, autocast, loss scaling, measured speed ---------
 from .precision import (AmpStepResult, AutocastModule, BitFields, CastReport, ElementwiseNet, FloatFormat,
                         LossScaler, OpRecord, OpTimes, PrecisionRun, activation_gradients, amp_step,
-                        autocast_op_dtypes, bit_fields, cast_report, compare_precisions, float_format,
+                        autocast_op_dtypes, bit_fields, cast_report, compare_precisions, explain_bf16_speedup,
+                        float_format,
                         format_op_table, format_table, lost_update_fraction, op_time_shares,
                         plot_log2_histogram, plot_ranges, plot_time_split, training_step,
                         underflow_fraction, update_scale)
@@ -61,6 +63,14 @@ from .pipeline import (GPipe, ModelParallel, ParallelGrid, PipelineComm, Pipelin
                        make_schedule, merge_microbatches, one_f_one_b_schedule, pipeline_step,
                        run_pipeline, split_microbatches, split_sequential, train_pipeline,
                        train_sequential, train_torch_pipelining, training_state_bytes)
+
+# --- sharding/ (chapter 08): ZeRO-1/2/3 from scratch, p2p reduce-scatter/all-gather, memory per rank
+from .sharding import (STRATEGIES, CheckpointedSequential, FullyShardedModule, MLPBlock, RankMemory,
+                       RecomputePoint, ShardedRun, ZeroOptimizer, activation_bytes, all_gather,
+                       measure_step_memory, measure_zero_comm, plot_zero_memory, plot_zero_stages,
+                       recompute_sweep, reduce_scatter, residual_mlp, shard_ranges, shard_size,
+                       train_sharded, wrap_for, zero_comm_bytes, zero_comm_time, zero_memory,
+                       zero_memory_parts, zero_memory_widget)
 
 # --- grading/: self-check an exercises notebook from one of its cells -------------------------
 from .grading import check, check_this_notebook

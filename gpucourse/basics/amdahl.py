@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from ..runtime import Timing, measure
+from ..runtime import check_int
 
 __all__ = ["amdahl_speedup", "gustafson_speedup", "karp_flatt", "fit_serial_fraction",
            "measure_scaling", "plot_amdahl", "amdahl_widget"]
@@ -185,8 +186,7 @@ def measure_scaling(job: Callable[[int], object], workers: Iterable[int], *, rep
         raise TypeError(f"job must be callable as job(workers), got {type(job).__name__}")
     counts = list(workers)
     for n in counts:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"worker counts must be ints >= 1, got {n!r} in {counts!r}")
+        check_int(f"worker count in {counts!r}", n, 1)
     return {n: measure(lambda n=n: job(n), repeats=repeats, warmup=warmup,
                        name=f"{n} worker{'s' if n > 1 else ''}") for n in counts}
 
@@ -221,8 +221,7 @@ def plot_amdahl(serial_fractions: Iterable[float] = (0.0, 0.05, 0.1, 0.25, 0.5),
     """
     import matplotlib.pyplot as plt
 
-    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 2:
-        raise ValueError(f"max_workers must be an int >= 2, got {max_workers!r}")
+    check_int("max_workers", max_workers, 2)
     fractions = [float(_fraction("serial_fraction", s)) for s in serial_fractions]
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4.5))
@@ -283,8 +282,7 @@ def amdahl_widget(serial_fraction: float = 0.05, workers: int = 16, *, max_worke
     import matplotlib.pyplot as plt
 
     _fraction("serial_fraction", serial_fraction)
-    if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 2:
-        raise ValueError(f"max_workers must be an int >= 2, got {max_workers!r}")
+    check_int("max_workers", max_workers, 2)
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= max_workers:
         raise ValueError(f"workers must be an int in [1, {max_workers}], got {workers!r}")
 

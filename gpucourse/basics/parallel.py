@@ -31,30 +31,21 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import operator
-import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .timeline import ChunkRecord, Trace
+from ..runtime import check_int
 
-__all__ = ["BACKENDS", "chunk_sizes", "split_into_chunks", "parallel_map", "parallel_reduce",
-           "SharedTotal", "accumulate_in_threads", "intra_op_threads", "pinned_to_cpus"]
+__all__ = ["BACKENDS", "chunk_sizes", "split_into_chunks", "parallel_map", "parallel_reduce", "SharedTotal", "accumulate_in_threads"]
 
 #: where :func:`parallel_map` runs the chunks
 BACKENDS = ("serial", "thread", "process")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,8 +75,8 @@ def chunk_sizes(n: int, num_chunks: int) -> list[int]:
         *fewer* chunks (``torch.arange(5).chunk(4)`` gives 3). Uneven chunks make the slowest
         worker set the pace: 10 items on 3 workers take as long as 4 items on one.
     """
-    _check_int("n", n, 0)
-    _check_int("num_chunks", num_chunks, 1)
+    check_int("n", n, 0)
+    check_int("num_chunks", num_chunks, 1)
     base, extra = divmod(n, num_chunks)
     return [base + 1 if i < extra else base for i in range(num_chunks)]
 
@@ -183,11 +174,11 @@ def _run_threads(fn, chunks, assignment, op, timeout):
 def _check_common(fn, workers, backend, num_chunks, timeout):
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__} {fn!r}")
-    _check_int("workers", workers, 1)
+    check_int("workers", workers, 1)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if num_chunks is not None:
-        _check_int("num_chunks", num_chunks, 1)
+        check_int("num_chunks", num_chunks, 1)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
 
@@ -403,86 +394,4 @@ def accumulate_in_threads(values: Sequence, *, workers: int = 2, lock: bool = Tr
 # The execution environment of a measurement
 # --------------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def intra_op_threads(n: int) -> Iterator[None]:
-    """Run the block with ``torch.set_num_threads(n)``, then restore the previous setting.
 
-    torch parallelises one large op over its *intra-op* thread pool. When you parallelise with
-    your own threads as well, each op should use one thread, or the two levels compete for the
-    same cores and the measurement says nothing about either.
-
-    Args:
-        n: intra-op threads (>= 1).
-
-    Example::
-
-        >>> import torch
-        >>> before = torch.get_num_threads()
-        >>> with intra_op_threads(1):
-        ...     torch.get_num_threads()
-        1
-        >>> torch.get_num_threads() == before
-        True
-
-    .. warning::
-        ``torch.set_num_threads`` configures the OpenMP/MKL pool of the *calling thread*; a thread
-        started later begins with the default (every core) — even though ``torch.get_num_threads()``
-        there may report the new value. Threads you start yourself must call
-        ``torch.set_num_threads`` again (:func:`parallel_map` does this for its workers). In a
-        *forked* child never raise it above 1 (GNU OpenMP's pool does not survive ``fork``).
-    """
-    import torch
-
-    _check_int("n", n, 1)
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
-@contextlib.contextmanager
-def pinned_to_cpus(cpus: Iterable[int]) -> Iterator[set[int]]:
-    """Run the block (and every thread or process it starts) on the given CPU cores only (Linux).
-
-    Pinning two workers to one core shows *time-slicing*: both make progress, by taking turns
-    on that core, so nothing finishes sooner — concurrency without parallelism.
-
-    Args:
-        cpus: core ids to allow, a subset of ``os.sched_getaffinity(0)``.
-
-    Yields:
-        the set of cores the block runs on.
-
-    Example::
-
-        >>> import os
-        >>> if hasattr(os, "sched_setaffinity"):           # Linux
-        ...     before = os.sched_getaffinity(0)
-        ...     with pinned_to_cpus([min(before)]) as cores:
-        ...         pinned = os.sched_getaffinity(0) == cores and len(cores) == 1
-        ...     restored = os.sched_getaffinity(0) == before
-        ... else:
-        ...     pinned = restored = True
-        >>> pinned, restored
-        (True, True)
-
-    .. warning::
-        Linux only (``RuntimeError`` elsewhere). Affinity is per thread: it applies to the calling
-        thread and to threads and processes started inside the block, not to threads that already
-        exist (such as torch's intra-op pool).
-    """
-    if not hasattr(os, "sched_setaffinity"):
-        raise RuntimeError(f"pinned_to_cpus needs os.sched_setaffinity, which {sys.platform} does "
-                           "not have (it is Linux-only); skip the pinned measurement here")
-    allowed = os.sched_getaffinity(0)
-    wanted = set(cpus)
-    if not wanted or not wanted <= allowed:
-        raise ValueError(f"cpus must be a non-empty subset of the cores this process may use "
-                         f"{sorted(allowed)}, got {sorted(wanted)}")
-    os.sched_setaffinity(0, wanted)
-    try:
-        yield wanted
-    finally:
-        os.sched_setaffinity(0, allowed)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..runtime import measure
+from ..runtime import check_int
 
 __all__ = ["OPS", "matmul_flops", "op_cost", "arithmetic_intensity", "ThroughputPoint",
            "measure_throughput", "roofline", "plot_throughput", "plot_roofline"]
@@ -50,8 +51,7 @@ def matmul_flops(n: int, m: int | None = None, k: int | None = None) -> int:
     m = n if m is None else m
     k = n if k is None else k
     for name, v in (("n", n), ("m", m), ("k", k)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        check_int(name, v, 1)
     return 2 * n * m * k
 
 
@@ -70,8 +70,7 @@ def op_cost(op: str, size: int, dtype: torch.dtype = torch.float32) -> tuple[int
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"size must be an int >= 1, got {size!r}")
+    check_int("size", size, 1)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     item = torch.empty((), dtype=dtype).element_size()
@@ -163,8 +162,7 @@ def measure_throughput(op: str, sizes: Iterable[int], *, dtype: torch.dtype = to
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    check_int("repeats", repeats, 1)
     device = torch.device(device)
     points = []
     for size in sizes:

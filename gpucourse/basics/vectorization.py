@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from ..runtime import Timing
+from ..runtime import Timing, check_int
 
 __all__ = ["dot_loop", "cpu_capability", "time_with_cpu_capability"]
 
@@ -130,8 +130,7 @@ def time_with_cpu_capability(capability: str, *, op: str = "sum", numel: int = 1
     if op not in _OPS:
         raise ValueError(f"op must be one of {_OPS}, got {op!r}")
     for name, value in (("numel", numel), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
     env = dict(os.environ, ATEN_CPU_CAPABILITY=capability.lower(), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", _SCRIPT.format(op=op, numel=numel, repeats=repeats)],
                           env=env, capture_output=True, text=True, timeout=timeout, check=False)

@@ -15,6 +15,8 @@ import functools
 
 import torch
 
+from ..runtime import check_int
+
 __all__ = ["python_work", "torch_work"]
 
 
@@ -35,8 +37,7 @@ def python_work(n: int) -> int:
     .. warning::
         Threads cannot speed this up in CPython (one GIL); processes can.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    check_int("n", n, 0)
     total = 0
     for i in range(n):
         total += i * i % 7
@@ -76,9 +77,8 @@ def torch_work(n: int, size: int = 128, seed: int = 0) -> float:
         threads per op; when you parallelise with your own threads, run with
         :func:`~gpucourse.intra_op_threads` ``(1)``.
     """
-    for name, value, minimum in (("n", n, 0), ("size", size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    check_int("n", n, 0)
+    check_int("size", size, 1)
     q = _orthogonal(size, seed)
     x = q
     for _ in range(n):

@@ -26,37 +26,13 @@ for orders of magnitude, which is what the decision "one node or several?" needs
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "LINKS",
-    "AlphaBeta",
-    "StepPrediction",
-    "fit_alpha_beta",
-    "measure_all_reduce",
-    "measure_point_to_point",
-    "predict_step_time",
-    "ring_all_reduce_bytes",
-    "ring_all_reduce_time",
-    "scaling_table",
-]
+from ..runtime import check_int, check_number
 
-
-def _check_size(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-
-
-def _check_world(world_size) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {type(world_size).__name__} {world_size!r}")
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+__all__ = ["LINKS", "AlphaBeta", "StepPrediction", "fit_alpha_beta", "predict_step_time",
+           "ring_all_reduce_bytes", "ring_all_reduce_time", "scaling_table"]
 
 
 def ring_all_reduce_bytes(nbytes: float, world_size: int) -> float:
@@ -67,8 +43,8 @@ def ring_all_reduce_bytes(nbytes: float, world_size: int) -> float:
         >>> ring_all_reduce_bytes(100e6, 8)     # 100 MB of gradients, 8 processes
         175000000.0
     """
-    _check_size("nbytes", nbytes)
-    _check_world(world_size)
+    check_number("nbytes", nbytes, 0, finite=False)
+    check_int("world_size", world_size, 1)
     return 2 * (world_size - 1) / world_size * nbytes
 
 
@@ -91,9 +67,9 @@ def ring_all_reduce_time(nbytes: float, world_size: int, alpha: float, beta: flo
         With ``p`` processes spread over machines, use the α and β of the slowest link in the
         ring (the network between machines), not of the fast links inside a machine.
     """
-    _check_size("alpha", alpha)
-    _check_size("beta", beta)
-    _check_world(world_size)
+    check_number("alpha", alpha, 0, finite=False)
+    check_number("beta", beta, 0, finite=False)
+    check_int("world_size", world_size, 1)
     return 2 * (world_size - 1) * alpha + ring_all_reduce_bytes(nbytes, world_size) * beta
 
 
@@ -124,13 +100,13 @@ class AlphaBeta:
     name: str = "link"
 
     def __post_init__(self):
-        _check_size("alpha", self.alpha)
-        _check_size("beta", self.beta)
+        check_number("alpha", self.alpha, 0, finite=False)
+        check_number("beta", self.beta, 0, finite=False)
 
     @classmethod
     def from_bandwidth(cls, name: str, latency: float, gbit_per_s: float) -> AlphaBeta:
         """A link from its latency (s) and its bandwidth in Gbit/s (as vendors quote it)."""
-        _check_size("gbit_per_s", gbit_per_s)
+        check_number("gbit_per_s", gbit_per_s, 0, finite=False)
         if gbit_per_s == 0:
             raise ValueError("gbit_per_s must be > 0")
         return cls(latency, 8 / (gbit_per_s * 1e9), name)
@@ -142,7 +118,7 @@ class AlphaBeta:
 
     def transfer_time(self, nbytes: float) -> float:
         """``α + β·n``: one message of ``nbytes`` from one process to another."""
-        _check_size("nbytes", nbytes)
+        check_number("nbytes", nbytes, 0, finite=False)
         return self.alpha + self.beta * nbytes
 
     def ring_all_reduce_time(self, nbytes: float, world_size: int) -> float:
@@ -188,9 +164,9 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], name: str = "
         raise ValueError(f"sizes and times must have the same length, got {len(sizes)} and "
                          f"{len(times)}")
     for s in sizes:
-        _check_size("size", s)
+        check_number("size", s, 0, finite=False)
     for t in times:
-        _check_size("time", t)
+        check_number("time", t, 0, finite=False)
         if t == 0:
             raise ValueError("times must be > 0 seconds")
     if len(set(sizes)) < 2:
@@ -209,115 +185,6 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], name: str = "
 # --------------------------------------------------------------------------------------------
 # Measuring on this machine (loopback between processes)
 # --------------------------------------------------------------------------------------------
-
-def _inner(nbytes: float) -> int:
-    """Operations per timed block: enough that a block of small messages lasts well over 100 µs."""
-    return 20 if nbytes < 64 * 1024 else 5 if nbytes < 1 << 20 else 2
-
-
-def _timed_blocks(op, sizes, repeats, warmup, make):
-    """Median over ``repeats`` blocks of the mean time of one ``op`` in a block, for each size."""
-    import torch.distributed as dist
-
-    out = []
-    for n in sizes:
-        buf = make(n)
-        inner = _inner(n)
-        for _ in range(warmup):
-            op(buf)
-        dist.barrier()
-        blocks = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(inner):
-                op(buf)
-            blocks.append((time.perf_counter() - start) / inner)
-        out.append(statistics.median(blocks))
-    return out
-
-
-def _fp32_bytes(n):
-    import torch
-
-    return torch.zeros(max(int(n) // 4, 1), dtype=torch.float32)  # n bytes of fp32
-
-
-def _ping_pong(rank, world_size, sizes, repeats, warmup):
-    import torch.distributed as dist
-
-    peer = 1 - rank
-
-    def round_trip(buf):  # rank 0 sends, rank 1 sends it back
-        if rank == 0:
-            dist.send(buf, peer)
-            dist.recv(buf, peer)
-        else:
-            dist.recv(buf, peer)
-            dist.send(buf, peer)
-
-    round_trips = _timed_blocks(round_trip, sizes, repeats, warmup, _fp32_bytes)
-    return [t / 2 for t in round_trips]  # one way = half a round trip
-
-
-def _all_reduce_times(rank, world_size, sizes, repeats, warmup):
-    import torch.distributed as dist
-
-    return _timed_blocks(dist.all_reduce, sizes, repeats, warmup, _fp32_bytes)
-
-
-def _check_sizes(sizes, repeats):
-    if not sizes:
-        raise ValueError("sizes must list at least one message size in bytes")
-    for s in sizes:
-        _check_size("size", s)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-
-
-def measure_point_to_point(sizes: Sequence[int], *, repeats: int = 20, warmup: int = 3,
-                           timeout: float = 120.0) -> list[float]:
-    """One-way time of a message of each size between two gloo processes on this machine.
-
-    Rank 0 sends, rank 1 sends it back (a ping-pong); half the round trip is one message. Each
-    size is timed in ``repeats`` blocks of back-to-back round trips after ``warmup`` untimed ones;
-    the median block is returned.
-
-    Example::
-
-        >>> times = measure_point_to_point([4, 4096], repeats=3)
-        >>> len(times), all(t > 0 for t in times)
-        (2, True)
-
-    .. warning::
-        This is loopback: two processes on one machine, copying through the kernel. It measures
-        the software path (α) and memory bandwidth (β), not a network card.
-    """
-    _check_sizes(sizes, repeats)
-    from ..runtime import launch
-
-    return launch(_ping_pong, 2, args=(list(sizes), repeats, warmup), timeout=timeout)[0]
-
-
-def measure_all_reduce(sizes: Sequence[int], world_size: int = 2, *, repeats: int = 10,
-                       warmup: int = 2, timeout: float = 120.0) -> list[float]:
-    """Median time of ``dist.all_reduce`` (gloo) of each size over ``world_size`` local processes.
-
-    Example::
-
-        >>> len(measure_all_reduce([4, 4096], repeats=3))
-        2
-
-    .. warning::
-        With more processes than CPU cores the processes take turns on the cores, and the time
-        says more about the scheduler than about the algorithm.
-    """
-    _check_sizes(sizes, repeats)
-    _check_world(world_size)
-    from ..runtime import launch
-
-    times = launch(_all_reduce_times, world_size, args=(list(sizes), repeats, warmup),
-                   timeout=timeout)
-    return [max(ts) for ts in zip(*times)]  # the slowest rank decides when everyone may go on
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,10 +250,10 @@ def predict_step_time(compute_seconds: float, grad_bytes: float, nnodes: int,
         A speed-up below 1 means the job runs *slower* on two machines than on one GPU. That is the
         seeds' experience with 1 GbE: check the prediction before buying nodes.
     """
-    _check_size("compute_seconds", compute_seconds)
-    _check_size("grad_bytes", grad_bytes)
-    _check_world(nnodes)
-    _check_world(nproc_per_node)
+    check_number("compute_seconds", compute_seconds, 0, finite=False)
+    check_number("grad_bytes", grad_bytes, 0, finite=False)
+    check_int("nnodes", nnodes, 1)
+    check_int("nproc_per_node", nproc_per_node, 1)
     if not isinstance(inter_node, AlphaBeta):
         raise TypeError(f"inter_node must be an AlphaBeta (e.g. gc.LINKS['1 GbE']), got "
                         f"{type(inter_node).__name__}")

@@ -39,19 +39,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..runtime import check_int
+
 __all__ = ["DistEnv", "dist_env_from", "expand_slurm_nodelist", "global_rank", "rank_layout"]
 
 _TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _SLURM = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID")
 _PAI = ("PAI_TASK_INDEX", "PAI_HOST_IP_worker_0", "PAI_worker_0_SynPort_PORT")
-
-
-def _check_int(name: str, value, *, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -97,13 +91,13 @@ class DistEnv:
     source: str = "manual"
 
     def __post_init__(self):
-        _check_int("world_size", self.world_size, minimum=1)
-        _check_int("nproc_per_node", self.nproc_per_node, minimum=1)
-        _check_int("nnodes", self.nnodes, minimum=1)
-        _check_int("rank", self.rank)
-        _check_int("local_rank", self.local_rank)
-        _check_int("node_rank", self.node_rank)
-        _check_int("master_port", self.master_port, minimum=1)
+        check_int("world_size", self.world_size, 1)
+        check_int("nproc_per_node", self.nproc_per_node, 1)
+        check_int("nnodes", self.nnodes, 1)
+        check_int("rank", self.rank, 0)
+        check_int("local_rank", self.local_rank, 0)
+        check_int("node_rank", self.node_rank, 0)
+        check_int("master_port", self.master_port, 1)
         if self.rank >= self.world_size:
             raise ValueError(f"Invalid rank {self.rank}, rank should be in the interval "
                              f"[0, {self.world_size - 1}] (world_size={self.world_size} counts "
@@ -161,9 +155,9 @@ def global_rank(node_rank: int, local_rank: int, nproc_per_node: int) -> int:
         Each machine must use the *same* ``nproc_per_node`` in this formula; with a mistake on one
         machine two processes get the same rank and the job hangs at initialisation.
     """
-    _check_int("node_rank", node_rank)
-    _check_int("nproc_per_node", nproc_per_node, minimum=1)
-    _check_int("local_rank", local_rank)
+    check_int("node_rank", node_rank, 0)
+    check_int("nproc_per_node", nproc_per_node, 1)
+    check_int("local_rank", local_rank, 0)
     if local_rank >= nproc_per_node:
         raise ValueError(f"local_rank must be in [0, {nproc_per_node - 1}] with "
                          f"nproc_per_node={nproc_per_node}, got {local_rank}")
@@ -184,8 +178,8 @@ def rank_layout(nnodes: int, nproc_per_node: int) -> list[tuple[int, int, int]]:
         Global ranks are numbered node by node, so ``rank // nproc_per_node`` is the node only
         when every node runs the same number of processes.
     """
-    _check_int("nnodes", nnodes, minimum=1)
-    _check_int("nproc_per_node", nproc_per_node, minimum=1)
+    check_int("nnodes", nnodes, 1)
+    check_int("nproc_per_node", nproc_per_node, 1)
     return [(global_rank(node, local, nproc_per_node), node, local)
             for node in range(nnodes) for local in range(nproc_per_node)]
 
@@ -326,7 +320,7 @@ def _merge(name: str, from_env: int | None, from_arg: int | None, env_name: str,
            hint: str, source: str) -> int:
     """A value from the environment, or else from a keyword argument; both must agree."""
     if from_arg is not None:
-        _check_int(name, from_arg, minimum=1 if name in ("nproc_per_node", "nnodes") else 0)
+        check_int(name, from_arg, 1 if name in ("nproc_per_node", "nnodes") else 0)
     if from_env is not None and from_arg is not None and from_env != from_arg:
         raise ValueError(f"{name}={from_arg} contradicts {env_name}={from_env} in the environment; "
                          f"drop the {name} argument or fix the launcher")

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..runtime import free_port
+from ..runtime import check_int
 
 __all__ = ["NodeError", "NodeResult", "launch_nodes", "torchrun_command"]
 
@@ -124,10 +125,7 @@ def torchrun_command(script: str, *, nnodes: int, node_rank: int, nproc_per_node
 
 def _check_layout(nnodes, nproc_per_node):
     for name, value in (("nnodes", nnodes), ("nproc_per_node", nproc_per_node)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+        check_int(name, value, 1)
 
 
 def _kill_groups(procs: Sequence[subprocess.Popen], grace: float) -> None:

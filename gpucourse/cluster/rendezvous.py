@@ -32,6 +32,8 @@ import urllib.parse
 from dataclasses import dataclass
 from functools import cache
 
+from ..runtime import check_int
+
 __all__ = ["InitMethod", "checked_init_process_group", "parse_init_method"]
 
 _SCHEMES = ("tcp", "file", "env")
@@ -422,8 +424,7 @@ def checked_init_process_group(backend: str = "gloo", init_method: str | None = 
     for name, value in (("rank", rank), ("world_size", world_size)):
         if value is None:
             raise ValueError(f"{name} must be given with this init_method")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        check_int(name, value)
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if not 0 <= rank < world_size:

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..runtime import check_int
+
 __all__ = ["SyntheticCIFAR10", "load_cifar10", "cifar10_or_synthetic", "CIFAR10_CLASSES"]
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer",
@@ -78,8 +80,7 @@ class SyntheticCIFAR10(Dataset):
         del root, download
         if size is None:
             size = 5000 if train else 1000
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be a positive int, got {size!r}")
+        check_int("size", size, 1)
         self.train = train
         self.transform = transform
         self.target_transform = target_transform

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime import check_int
+
 __all__ = ["Net", "SmallConvNet", "MLP", "ToyModel"]
 
 
@@ -71,8 +73,7 @@ class SmallConvNet(nn.Sequential):
 
     def __init__(self, c1: int = 32, c2: int = 64, num_classes: int = 10):
         for name, value in (("c1", c1), ("c2", c2), ("num_classes", num_classes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_int(name, value, 1)
         super().__init__(nn.Conv2d(3, c1, 5), nn.ReLU(), nn.MaxPool2d(2),
                          nn.Conv2d(c1, c2, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                          nn.Linear(c2 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),

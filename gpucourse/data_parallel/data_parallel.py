@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from .device_workers import as_device, as_devices, device_context, span
-from ..runtime import cpu_cores, virtual_devices
 from .scatter_gather import gather, parallel_apply, replicate, scatter_kwargs
+from ..runtime import check_int, cpu_cores, virtual_devices
 
 __all__ = ["DataParallel", "BalancedDataParallel", "balanced_chunk_sizes"]
 
@@ -79,8 +79,7 @@ class DataParallel(nn.Module):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        if isinstance(dim, bool) or not isinstance(dim, int):
-            raise TypeError(f"dim must be an int, got {type(dim).__name__} {dim!r}")
+        check_int("dim", dim)
         if device_ids is None:
             n = torch.cuda.device_count() if torch.cuda.is_available() else cpu_cores()
             device_ids = virtual_devices(max(1, n))
@@ -180,13 +179,9 @@ def balanced_chunk_sizes(batch_size: int, gpu0_bsz: int, num_devices: int) -> li
         micro-steps on 3 devices, pass ``gpu0_bsz=2`` (8 = 2+3+3 per step, 16 = 4+6+6 in total),
         which is why the seeds write ``BalancedDataParallel(gpu0_bsz // acc_grad, …)``.
     """
-    for name, value, low in (("batch_size", batch_size, 1), ("num_devices", num_devices, 1)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
-    if isinstance(gpu0_bsz, bool) or not isinstance(gpu0_bsz, int):
-        raise TypeError(f"gpu0_bsz must be an int, got {type(gpu0_bsz).__name__} {gpu0_bsz!r}")
+    check_int("batch_size", batch_size, 1)
+    check_int("num_devices", num_devices, 1)
+    check_int("gpu0_bsz", gpu0_bsz)
     if not 0 <= gpu0_bsz <= batch_size:
         raise ValueError(f"gpu0_bsz must be in [0, {batch_size}] (the batch size), got {gpu0_bsz}; "
                          "lower gpu0_bsz or pass a bigger batch (a DataLoader's last batch can be "
@@ -245,10 +240,7 @@ class BalancedDataParallel(DataParallel):
 
     def __init__(self, gpu0_bsz: int, module: nn.Module, device_ids: Sequence | None = None,
                  output_device: int | str | torch.device | None = None, dim: int = 0):
-        if isinstance(gpu0_bsz, bool) or not isinstance(gpu0_bsz, int):
-            raise TypeError(f"gpu0_bsz must be an int, got {type(gpu0_bsz).__name__} {gpu0_bsz!r}")
-        if gpu0_bsz < 0:
-            raise ValueError(f"gpu0_bsz must be >= 0 (rows for device 0), got {gpu0_bsz}")
+        check_int("gpu0_bsz", gpu0_bsz, 0, hint=" (rows for device 0)")
         super().__init__(module, device_ids, output_device, dim)
         self.gpu0_bsz = gpu0_bsz
 

@@ -28,22 +28,16 @@ implementation and the lesson's diagrams use it.
 
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["ring_schedule", "ring_all_reduce", "naive_all_reduce", "all_reduce_timings"]
+from ..runtime import check_int
+
+__all__ = ["ring_schedule", "ring_all_reduce", "naive_all_reduce"]
 
 #: default segment size for pipelining the ring (bytes); a chunk is sent in pieces of this size
 DEFAULT_SEGMENT_BYTES = 1 << 20
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 def ring_schedule(rank: int, world_size: int) -> list[tuple[str, int, int, int]]:
@@ -74,8 +68,8 @@ def ring_schedule(rank: int, world_size: int) -> list[tuple[str, int, int, int]]
         while its neighbour expects chunk ``j`` adds the wrong numbers silently (same sizes) or
         waits forever (different sizes).
     """
-    _check_int("world_size", world_size, 1)
-    _check_int("rank", rank, 0)
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
     p = world_size
@@ -167,7 +161,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
         for a neighbour that never sends — until the group's timeout.
     """
     _check_tensor(tensor)
-    _check_int("segment_bytes", segment_bytes, 1)
+    check_int("segment_bytes", segment_bytes, 1)
     rank, p, global_rank = _group_info(group)
     if p == 1 or tensor.numel() == 0:
         return tensor
@@ -311,80 +305,4 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return tensor
 
 
-# --- measuring them ---------------------------------------------------------------------------
 
-_IMPLEMENTATIONS = ("gloo", "ring", "naive")
-_LABELS = {"gloo": "dist.all_reduce", "ring": "gc.ring_all_reduce", "naive": "gc.naive_all_reduce"}
-
-
-def _timed(fn, x) -> float:
-    y = x.clone()
-    dist.barrier()
-    start = time.perf_counter()
-    fn(y)
-    elapsed = torch.tensor([time.perf_counter() - start])
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)          # the slowest rank decides
-    return elapsed.item()
-
-
-def _timing_worker(rank, world_size, numel, rounds, segment_bytes, names):
-    impls = {"gloo": dist.all_reduce,
-             "ring": lambda t: ring_all_reduce(t, segment_bytes=segment_bytes),
-             "naive": naive_all_reduce}
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
-    ref = x.clone()
-    dist.all_reduce(ref)
-    for name in names:                                       # warm-up, and check the result
-        y = x.clone()
-        impls[name](y)
-        torch.testing.assert_close(y, ref)
-    times = {name: [] for name in names}
-    for r in range(rounds):                                  # rotate who goes first each round
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            times[name].append(_timed(impls[name], x))
-    return times
-
-
-def all_reduce_timings(world_size: int, numel: int = 1 << 20, *, rounds: int = 10,
-                       implementations=_IMPLEMENTATIONS,
-                       segment_bytes: int = DEFAULT_SEGMENT_BYTES, timeout: float = 300.0):
-    """Time all-reduces of ``numel`` float32 per rank on ``world_size`` fresh gloo processes.
-
-    Each implementation runs once per round, in rotating order (a slow moment of the machine hits
-    all of them alike); each time is the slowest rank's, measured from a barrier. Results are
-    checked against ``dist.all_reduce`` first.
-
-    Args:
-        world_size: number of processes to start (with :func:`gpucourse.launch`).
-        numel: float32 elements per rank.
-        rounds: timed repeats of each implementation.
-        implementations: any of ``"gloo"`` (``dist.all_reduce``), ``"ring"``
-            (:func:`ring_all_reduce`), ``"naive"`` (:func:`naive_all_reduce`).
-        segment_bytes: passed to :func:`ring_all_reduce`.
-        timeout: seconds for the whole measurement.
-
-    Returns:
-        ``{implementation: gc.Timing}`` in the order given.
-
-    Example::
-
-        >>> t = all_reduce_timings(2, 1000, rounds=2, implementations=("gloo", "ring"))
-        >>> [timing.name for timing in t.values()], len(t["ring"].times)
-        (['dist.all_reduce', 'gc.ring_all_reduce'], 2)
-
-    .. warning::
-        Timings taken while other programs run are noise. Compare implementations only within
-        one call (same machine, same moment), as ratios.
-    """
-    from ..runtime import launch
-    from ..runtime import Timing
-
-    names = list(implementations)
-    unknown = [n for n in names if n not in _IMPLEMENTATIONS]
-    if unknown or not names:
-        raise ValueError(f"implementations must be a non-empty subset of {_IMPLEMENTATIONS}, got {names}")
-    _check_int("numel", numel, 1)
-    _check_int("rounds", rounds, 1)
-    times = launch(_timing_worker, world_size, args=(numel, rounds, segment_bytes, names),
-                   timeout=timeout)[0]
-    return {name: Timing(_LABELS[name], times[name]) for name in names}

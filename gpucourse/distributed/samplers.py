@@ -23,14 +23,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from ..runtime import check_int
+
 __all__ = ["DistributedSampler"]
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 class DistributedSampler(Sampler[int]):
@@ -90,10 +85,9 @@ class DistributedSampler(Sampler[int]):
                     "(torchrun / gc.launch do it for you), or pass num_replicas= and rank=.")
             num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
             rank = dist.get_rank() if rank is None else rank
-        _check_int("num_replicas", num_replicas, 1)
-        _check_int("seed", seed, -(2**63))
-        if isinstance(rank, bool) or not isinstance(rank, int):
-            raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}")
+        check_int("num_replicas", num_replicas, 1)
+        check_int("seed", seed, -(2**63))
+        check_int("rank", rank)
         if not 0 <= rank < num_replicas:  # PyTorch's wording
             raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
         self.dataset = dataset
@@ -144,8 +138,7 @@ class DistributedSampler(Sampler[int]):
         Args:
             epoch: the epoch number; all ranks must pass the same value.
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise TypeError(f"epoch must be an int, got {type(epoch).__name__} {epoch!r}")
+        check_int("epoch", epoch)
         self.epoch = epoch
         self._iterated_since_set_epoch = False
 

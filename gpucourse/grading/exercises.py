@@ -16,11 +16,13 @@ A solutions notebook marks every exercise like this::
 :func:`make_exercise_notebook` replaces each solution region by a stub that raises
 ``NotImplementedError`` (keeping the region's indentation, so a function body stays a function
 body) and clears the outputs and execution counts of every cell — check cells included, so a
-shipped notebook never looks solved. Cells tagged ``solution-only`` are dropped. The release
-carries what the grader needs to trust nothing in a submission (:mod:`.restore`): the notebook's
-chapter in ``metadata.gpucourse``, and on every check cell its exercise id, points (default 1,
-or the solution cell's ``points`` metadata) and a content hash. Each exercise's heading says what
-a pass prints.
+shipped notebook never looks solved. Cells tagged ``solution-only`` are dropped, and so are hidden
+checks: code cells tagged ``hidden`` after an exercise's visible check, first line
+``# Hidden 04.2 — …``, which test more (random sizes, edge cases, a property) for the
+instructor's grader only. The release carries what the grader needs to trust nothing in a
+submission (:mod:`.restore`): the notebook's chapter in ``metadata.gpucourse``, and on every check
+cell its exercise id, points (default 1, or the solution cell's ``points`` metadata) and a content
+hash. Each exercise's heading says what a pass prints.
 
 Rule that keeps the pipeline honest: a solution region sits *inside a function*, so the cell that
 defines it still runs in the exercises notebook, and the first thing to fail is the check cell.
@@ -31,21 +33,25 @@ from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
 __all__ = ["BEGIN", "END", "strip_solutions", "make_exercise_notebook", "exercise_index",
-           "generate_exercises", "CHECK_HEADER", "EXERCISE_HEADING", "CHECK_TAG", "PASS_LINE",
-           "check_hash"]
+           "generate_exercises", "CHECK_HEADER", "EXERCISE_HEADING", "HIDDEN_HEADER", "HIDDEN_TAG",
+           "CHECK_TAG", "PASS_LINE", "check_hash"]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 CHECK_TAG = "check"
 SOLUTION_ONLY_TAG = "solution-only"
+#: tag of a hidden check: kept in solutions/, never written to exercises/
+HIDDEN_TAG = "hidden"
 #: first line of a check cell: ``# Check 04.2 — what is checked``
 CHECK_HEADER = re.compile(r"^#\s*Check\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$")
+#: first line of a hidden check cell: ``# Hidden 04.2 — what else is checked``
+HIDDEN_HEADER = re.compile(r"^#\s*Hidden\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$")
 #: markdown heading that opens an exercise: ``## Exercise 04.2 — title``
 EXERCISE_HEADING = re.compile(r"^#+\s*Exercise\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$",
                               re.MULTILINE)
@@ -106,6 +112,7 @@ class Exercise:
     title: str
     solution_cells: list[int]
     check_cells: list[int]
+    hidden_cells: list[int] = field(default_factory=list)
 
 
 def exercise_index(nb, *, name: str = "notebook") -> dict[str, Exercise]:
@@ -113,7 +120,8 @@ def exercise_index(nb, *, name: str = "notebook") -> dict[str, Exercise]:
 
     Each ``## Exercise NN.k`` heading must be followed (before the next heading) by at least one
     solution region and exactly one check cell tagged ``check`` whose first line is
-    ``# Check NN.k …``.
+    ``# Check NN.k …``, then any number of hidden check cells tagged ``hidden`` whose first line
+    is ``# Hidden NN.k …``.
     """
     exercises: dict[str, Exercise] = {}
     current: Exercise | None = None
@@ -131,6 +139,11 @@ def exercise_index(nb, *, name: str = "notebook") -> dict[str, Exercise]:
             continue
         first = cell.source.splitlines()[0] if cell.source else ""
         is_check = CHECK_TAG in _tags(cell)
+        is_hidden, hidden = HIDDEN_TAG in _tags(cell), HIDDEN_HEADER.match(first)
+        if is_hidden or hidden:
+            _check_hidden_cell(cell, where, is_check, hidden, current)
+            current.hidden_cells.append(index)
+            continue
         header = CHECK_HEADER.match(first)
         if is_check and not header:
             raise ExerciseFormatError(f"{where}: a check cell must start with '# Check NN.k — …', "
@@ -156,6 +169,22 @@ def exercise_index(nb, *, name: str = "notebook") -> dict[str, Exercise]:
     return exercises
 
 
+def _check_hidden_cell(cell, where, is_check, header, current) -> None:
+    first = cell.source.splitlines()[0] if cell.source else ""
+    if is_check:
+        raise ExerciseFormatError(f"{where}: a cell cannot be tagged both 'check' and 'hidden'")
+    if not header:
+        raise ExerciseFormatError(f"{where}: a hidden check cell must start with "
+                                  f"'# Hidden NN.k — …', found {first!r}")
+    if HIDDEN_TAG not in _tags(cell):
+        raise ExerciseFormatError(f"{where}: starts with {first!r} but is not tagged 'hidden'")
+    if current is None or header["id"] != current.id or not current.check_cells:
+        raise ExerciseFormatError(f"{where}: hidden check for {header['id']} inside exercise "
+                                  f"{current.id if current else '(none)'}, or before its check cell")
+    if _has_solution(cell):
+        raise ExerciseFormatError(f"{where}: a hidden check must not contain a solution region")
+
+
 def make_exercise_notebook(nb, *, name: str = "notebook"):
     """The learner's version of a solutions notebook (a new notebook; ``nb`` is not modified)."""
     exercises = exercise_index(nb, name=name)
@@ -164,7 +193,7 @@ def make_exercise_notebook(nb, *, name: str = "notebook"):
     _release_metadata(out, exercises, name)
     cells = []
     for index, cell in enumerate(out.cells):
-        if SOLUTION_ONLY_TAG in _tags(cell):
+        if SOLUTION_ONLY_TAG in _tags(cell) or HIDDEN_TAG in _tags(cell):
             continue
         cell.get("metadata", {}).pop("execution", None)
         if cell.cell_type == "code":

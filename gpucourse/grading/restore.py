@@ -32,7 +32,7 @@ from pathlib import Path
 
 import nbformat
 
-from .exercises import CHECK_HEADER, CHECK_TAG, EXERCISE_HEADING, check_hash
+from .exercises import CHECK_HEADER, CHECK_TAG, EXERCISE_HEADING, HIDDEN_HEADER, HIDDEN_TAG, check_hash
 
 __all__ = [
     "HIDDEN_HEADER",
@@ -47,9 +47,6 @@ __all__ = [
     "restore",
 ]
 
-HIDDEN_TAG = "hidden"
-#: first line of a hidden check cell in ``solutions/``: ``# Hidden 04.2 — …``
-HIDDEN_HEADER = re.compile(r"^#\s*Hidden\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$")
 _ID_ANYWHERE = re.compile(r"\b(\d{2}\.\d+)\b")
 
 

@@ -18,19 +18,20 @@ Three details make it fast and safe:
    never be taken for micro-batch 2.
 
 This module is only the transport; which micro-batch moves when is the schedule's business
-(:mod:`gpucourse.pipeline_schedule`, :func:`gpucourse.pipeline_step`). Pass ``trace=[]`` to get a
+(:mod:`gpucourse.pipeline.schedule`, :func:`gpucourse.pipeline_step`). Pass ``trace=[]`` to get a
 log of every send and receive.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["PipelineComm"]
+__all__ = ["PipelineComm", "ReceiveAhead", "agree_with_neighbours"]
 
 
 _HELLO_TAG, _HELLO_BYTES = 0, 2048     # the greeting of exchange_with_neighbours
@@ -219,3 +220,97 @@ class PipelineComm:
         for work, _tensor in self._pending:
             work.wait()
         self._pending.clear()
+
+
+class ReceiveAhead:
+    """The receives one stage needs in a step, posted ``window`` ahead of use (detail 2 above).
+
+    :func:`~gpucourse.pipeline_step` asks it for the next activation (:meth:`forward`) or gradient
+    (:meth:`backward`); behind that call the buffer was posted long before, and collecting it posts
+    the next one, so there are always ``window`` receives waiting for a neighbour's send.
+
+    Args:
+        comm: this stage's transport.
+        ops: the stage's operations in schedule order (``schedule.ops[stage]``).
+        sizes: samples per micro-batch.
+        in_shape, out_shape: per-sample shape of the stage's input and output.
+        dtype: dtype on the wire.
+        window: receives kept posted (the stage's peak micro-batches in flight, plus one).
+
+    Example (what a middle stage of a 3-stage GPipe posts first)::
+
+        >>> from gpucourse.pipeline.schedule import gpipe_schedule
+        >>> class FakeComm:                     # records instead of talking to a process
+        ...     is_first = is_last = False
+        ...     def post_recv_forward(self, i, shape, dtype): print("post activation", i, shape)
+        ...     def post_recv_backward(self, i, shape, dtype): print("post gradient", i, shape)
+        >>> _ = ReceiveAhead(FakeComm(), gpipe_schedule(3, 2).ops[1], [2, 2], (4,), (5,),
+        ...                  torch.float32, window=2).start()
+        post activation 0 (2, 4)
+        post activation 1 (2, 4)
+    """
+
+    def __init__(self, comm: PipelineComm, ops, sizes: Sequence[int], in_shape, out_shape,
+                 dtype: torch.dtype, *, window: int):
+        self.comm, self.sizes, self.dtype, self.window = comm, list(sizes), dtype, window
+        self.in_shape, self.out_shape = tuple(in_shape), tuple(out_shape)
+        # the receives this stage will need, in order: activations unless first, gradients unless last
+        self.needs = [op for op in ops if (op.kind == "F" and not comm.is_first)
+                      or (op.kind == "B" and not comm.is_last)]
+        self.posted = self.received = 0
+
+    def start(self) -> "ReceiveAhead":
+        self._post_upto(self.window)
+        return self
+
+    def _post_upto(self, upto: int) -> None:
+        while self.posted < min(upto, len(self.needs)):
+            op = self.needs[self.posted]
+            size = self.sizes[op.microbatch]
+            if op.kind == "F":
+                self.comm.post_recv_forward(op.microbatch, (size, *self.in_shape), self.dtype)
+            else:
+                self.comm.post_recv_backward(op.microbatch, (size, *self.out_shape), self.dtype)
+            self.posted += 1
+
+    def _collected(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.received += 1
+        self._post_upto(self.received + self.window)
+        return tensor
+
+    def forward(self, microbatch: int) -> torch.Tensor:
+        """The previous stage's activation for ``microbatch``."""
+        return self._collected(self.comm.recv_forward(microbatch))
+
+    def backward(self, microbatch: int) -> torch.Tensor:
+        """The next stage's gradient for ``microbatch``."""
+        return self._collected(self.comm.recv_backward(microbatch))
+
+
+def agree_with_neighbours(comm: PipelineComm, schedule, *, batch_size: int, total_samples: int,
+                          in_shape, out_shape, dtype) -> None:
+    """Exchange what each stage was told with its neighbours; raise if they differ.
+
+    Stages given different schedules, micro-batch counts or batch sizes would post receives that no
+    send matches and wait forever; one small message each way turns that into a clear error.
+    """
+    mine = {"schedule": schedule.name, "operations": zlib.crc32(str(schedule).encode()),
+            "stages": schedule.num_stages, "micro-batches": schedule.num_microbatches,
+            "batch_size": batch_size, "total_samples": total_samples, "dtype": str(dtype)}
+    in_shape, out_shape = [int(d) for d in in_shape], [int(d) for d in out_shape]
+    prev, nxt = comm.exchange_with_neighbours({**mine, "boundary shape": in_shape},
+                                              {**mine, "boundary shape": out_shape})
+    for other, stage, boundary in ((prev, comm.stage - 1, in_shape), (nxt, comm.stage + 1, out_shape)):
+        if other is None:
+            continue
+        ours = {**mine, "boundary shape": boundary}
+        diff = [f"{k} {ours[k]!r} here, {other.get(k)!r} there" for k in ours
+                if k != "operations" and ours[k] != other.get(k)]
+        if not diff and ours["operations"] != other.get("operations"):
+            diff = [f"schedules both named {schedule.name!r} order their operations differently"]
+        if diff:
+            raise RuntimeError(
+                f"stage {comm.stage} and stage {stage} were given different pipelines: "
+                + "; ".join(diff) + ". Call pipeline_step on every stage with the same schedule "
+                "(name and micro-batches), batch_size, total_samples and dtype, and with in_shape equal "
+                "to the previous stage's out_shape")

@@ -28,15 +28,9 @@ import torch
 from torch import nn
 
 from .model_split import split_sequential
+from ..runtime import check_int
 
 __all__ = ["GPipe", "split_microbatches", "merge_microbatches", "clock_cycles"]
-
-
-def _check_chunks(chunks) -> None:
-    if isinstance(chunks, bool) or not isinstance(chunks, int):
-        raise TypeError(f"chunks must be an int, got {type(chunks).__name__} {chunks!r}")
-    if chunks < 1:
-        raise ValueError(f"chunks must be >= 1 (the number of micro-batches), got {chunks}")
 
 
 def split_microbatches(batch: torch.Tensor, chunks: int) -> list[torch.Tensor]:
@@ -60,7 +54,7 @@ def split_microbatches(batch: torch.Tensor, chunks: int) -> list[torch.Tensor]:
     """
     if not isinstance(batch, torch.Tensor):
         raise TypeError(f"batch must be a tensor, got {type(batch).__name__}")
-    _check_chunks(chunks)
+    check_int("chunks", chunks, 1, hint=" (the number of micro-batches)")
     if batch.dim() == 0 or batch.shape[0] < chunks:
         size = batch.shape[0] if batch.dim() else 0
         raise ValueError(f"a batch of {size} samples cannot be cut into {chunks} micro-batches; "
@@ -112,8 +106,7 @@ def clock_cycles(num_microbatches: int, num_stages: int) -> list[list[tuple[int,
         the pipeline, the last ``p - 1`` drain it — the bubble.
     """
     for name, value in (("num_microbatches", num_microbatches), ("num_stages", num_stages)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        check_int(name, value, 1)
     return [[(k - s, s) for s in range(num_stages) if 0 <= k - s < num_microbatches]
             for k in range(num_microbatches + num_stages - 1)]
 
@@ -163,7 +156,7 @@ class GPipe(nn.Module):
         for i, stage in enumerate(stages):
             if not isinstance(stage, nn.Module):
                 raise TypeError(f"stage {i} must be an nn.Module, got {type(stage).__name__}")
-        _check_chunks(chunks)
+        check_int("chunks", chunks, 1, hint=" (the number of micro-batches)")
         if chunks > 1 and any(isinstance(m, nn.modules.batchnorm._BatchNorm)
                               for stage in stages for m in stage.modules()):
             warnings.warn("GPipe with BatchNorm: in training mode each micro-batch is normalised "

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..runtime import check_int
+
 __all__ = ["ParallelGrid"]
 
 
@@ -55,8 +57,7 @@ class ParallelGrid:
     def __post_init__(self):
         for name in ("dp_size", "pp_size"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, value, 1)
 
     @property
     def world_size(self) -> int:

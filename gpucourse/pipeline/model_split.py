@@ -25,6 +25,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from ..runtime import check_int
+
 __all__ = ["training_state_bytes", "layer_costs", "balanced_partition", "split_sequential",
            "ModelParallel", "TwoDeviceToyModel"]
 
@@ -52,8 +54,7 @@ def training_state_bytes(num_params: int, *, param_bytes: int = 4,
         Cutting the model into ``p`` stages divides this state by ``p`` — but not a stage's
         activations, which is what micro-batching and 1F1B are about.
     """
-    if isinstance(num_params, bool) or not isinstance(num_params, int) or num_params < 0:
-        raise ValueError(f"num_params must be an int >= 0, got {num_params!r}")
+    check_int("num_params", num_params, 0)
     if param_bytes not in (1, 2, 4, 8):
         raise ValueError(f"param_bytes must be 1, 2, 4 or 8, got {param_bytes!r}")
     if optimizer not in _OPTIMIZER_STATES:
@@ -142,10 +143,7 @@ def balanced_partition(costs: Sequence[float], num_stages: int) -> list[int]:
         Only consecutive layers can form a stage (activations flow stage to stage), so one huge
         layer can make a good balance impossible: its stage sets the pace of the whole pipeline.
     """
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int):
-        raise TypeError(f"num_stages must be an int, got {type(num_stages).__name__} {num_stages!r}")
-    if num_stages < 1:
-        raise ValueError(f"num_stages must be >= 1, got {num_stages}")
+    check_int("num_stages", num_stages, 1)
     costs = [float(c) for c in costs]
     if any(not c >= 0 for c in costs):
         raise ValueError(f"costs must be >= 0, got {costs}")
@@ -212,8 +210,7 @@ def split_sequential(model: nn.Sequential, num_stages: int | None = None, *,
         if num_stages is None:
             raise ValueError("pass num_stages=<int> or balance=[layers per stage]")
         if by == "count":
-            if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
-                raise ValueError(f"num_stages must be an int >= 1, got {num_stages!r}")
+            check_int("num_stages", num_stages, 1)
             if num_stages > n:
                 raise ValueError(f"cannot cut {n} layers into {num_stages} stages: every stage "
                                  "needs at least one layer")

@@ -26,15 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 
+from ..runtime import check_int
+
 __all__ = ["PipelineOp", "PipelineSchedule", "TimelineEvent", "Timeline", "bubble_fraction",
            "gpipe_schedule", "one_f_one_b_schedule"]
-
-
-def _check_int(name: str, value, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
 
 
 def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
@@ -60,8 +55,8 @@ def bubble_fraction(num_stages: int, num_microbatches: int) -> float:
         This is the *ideal*: equal stages, no communication time. A slower stage or slow links make
         the measured bubble larger; only more micro-batches (or interleaved schedules) make it smaller.
     """
-    _check_int("num_stages", num_stages)
-    _check_int("num_microbatches", num_microbatches)
+    check_int("num_stages", num_stages, 1)
+    check_int("num_microbatches", num_microbatches, 1)
     return (num_stages - 1) / (num_microbatches + num_stages - 1)
 
 
@@ -89,7 +84,7 @@ class PipelineOp:
     def __post_init__(self):
         if self.kind not in ("F", "B"):
             raise ValueError(f"kind must be 'F' or 'B', got {self.kind!r}")
-        _check_int("microbatch", self.microbatch, 0)
+        check_int("microbatch", self.microbatch, 0)
 
     def __str__(self) -> str:
         return f"{self.kind}{self.microbatch}"
@@ -368,8 +363,8 @@ def gpipe_schedule(num_stages: int, num_microbatches: int) -> PipelineSchedule:
         activation memory grows with ``m`` — the very knob that shrinks the bubble. 1F1B
         (:func:`one_f_one_b_schedule`) has the same bubble with at most ``p`` micro-batches alive.
     """
-    _check_int("num_stages", num_stages)
-    _check_int("num_microbatches", num_microbatches)
+    check_int("num_stages", num_stages, 1)
+    check_int("num_microbatches", num_microbatches, 1)
     ops = [[PipelineOp("F", i) for i in range(num_microbatches)]
            + [PipelineOp("B", i) for i in range(num_microbatches)] for _ in range(num_stages)]
     return PipelineSchedule("GPipe", ops)
@@ -400,8 +395,8 @@ def one_f_one_b_schedule(num_stages: int, num_microbatches: int) -> PipelineSche
         ``(p - 1) / (m + p - 1)`` as GPipe's. Interleaved schedules (several stages per device)
         are what shrink the bubble further.
     """
-    _check_int("num_stages", num_stages)
-    _check_int("num_microbatches", num_microbatches)
+    check_int("num_stages", num_stages, 1)
+    check_int("num_microbatches", num_microbatches, 1)
     p, m = num_stages, num_microbatches
     ops = []
     for s in range(p):

@@ -15,6 +15,7 @@ in matmuls: with matmuls ``s`` times faster, at most ``1 / ((1 - p) + p / s)``.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,10 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..runtime import Timing, measure
+from ..runtime import (Timing, bf16_hardware_note, check_int, check_number, check_positive,
+                       check_type, cpu_supports_bf16, has_bf16_units, measure)
 
 __all__ = ["ElementwiseNet", "training_step", "op_time_shares", "OpTimes", "PrecisionRun",
-           "compare_precisions", "plot_time_split"]
+           "compare_precisions", "explain_bf16_speedup", "plot_time_split"]
 
 # aten ops that are matrix products (what autocast lowers to bf16/fp16 for speed)
 _MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "convolution",
@@ -62,8 +64,7 @@ class ElementwiseNet(nn.Module):
     def __init__(self, width: int = 32, depth: int = 4, ops: int = 2):
         super().__init__()
         for name, v in (("width", width), ("depth", depth), ("ops", ops)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+            check_int(name, v, 1)
         self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
         self.ops = ops
 
@@ -205,8 +206,7 @@ def op_time_shares(fn: Callable[[], object], *, warmup: int = 1) -> OpTimes:
         Timing each op adds a little overhead per op (and a device sync on GPUs), so use it for
         shares, not for absolute step times — :func:`gpucourse.measure` is for those.
     """
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    check_int("warmup", warmup, 0)
     for _ in range(warmup):
         fn()
     with _TimeOps() as timer:
@@ -286,6 +286,73 @@ def compare_precisions(make_model: Callable[[], nn.Module], batch: int, in_featu
         timing = measure(step, repeats=repeats, warmup=warmup, name=f"{name} {_dtype_name(dtype)} ({device})")
         runs.append(PrecisionRun(timing, op_time_shares(step, warmup=0), dtype))
     return runs
+
+
+def explain_bf16_speedup(ratio: float, matmul_share: float, features: dict[str, bool] | None = None, *,
+                         name: str = "the model") -> str:
+    """How to read a measured bf16-vs-fp32 ratio, given the matmul share and this CPU's bf16 units.
+
+    The reading branches on the measurement and the hardware, never on one machine's result: with
+    AMX / AVX-512-bf16 a matmul-heavy step can gain up to Amdahl's bound ``1 / (1 - p)``; without
+    them bf16 matmuls are converted or emulated and the step gets slower.
+
+    Args:
+        ratio: fp32 time / bf16 time (``gc.speedup(fp32.timing, bf16.timing)``; > 1 is faster).
+        matmul_share: ``p``, the share of the fp32 step spent in matmuls (``OpTimes.share("matmul")``).
+        features: :func:`~gpucourse.cpu_supports_bf16`'s answer (detected when ``None``).
+        name: the model's name in the text.
+
+    Example::
+
+        >>> amx = {"amx_bf16": True, "avx512_bf16": True, "onednn_bf16": True}
+        >>> explain_bf16_speedup(1.8, 0.9, amx, name="MLP")[:46]
+        'MLP: bf16 made the step 1.80x as fast as fp32.'
+        >>> explain_bf16_speedup(0.02, 0.9, dict.fromkeys(amx, False), name="MLP")[:47]
+        'MLP: bf16 made the step 50x slower (0.02x fp32)'
+    """
+    check_positive("ratio", ratio)
+    check_number("matmul_share", matmul_share, 0.0, maximum=1.0)
+    features = cpu_supports_bf16() if features is None else check_type("features", features, dict)
+    bound = f"{1 / (1 - matmul_share):.1f}x" if matmul_share < 1 else "no limit"
+    if ratio >= 1.1:
+        head = f"{name}: bf16 made the step {ratio:.2f}x as fast as fp32."
+    elif ratio >= 0.9:
+        head = f"{name}: bf16 made the step about as fast as fp32 ({ratio:.2f}x)."
+    else:
+        slower = f"{1 / ratio:.{0 if ratio < 0.1 else 1}f}x"
+        head = f"{name}: bf16 made the step {slower} slower ({ratio:.2g}x fp32)."
+    if matmul_share < 1 and ratio > 1.1 / (1 - matmul_share):    # beyond Amdahl's bound: noise
+        return textwrap.fill(f"{head} That is more than Amdahl's law allows — matmuls were {matmul_share:.0%} "
+                             f"of the fp32 step, so even free matmuls give at most {bound} — so the two "
+                             f"timings were not taken under the same conditions (the machine was busier "
+                             f"during one of them). Run the cell again on a quiet machine.", 100)
+    if not has_bf16_units(features) and matmul_share < 0.5 and ratio >= 0.5:
+        how = "converted to fp32" if features.get("onednn_bf16") else "emulated"
+        return textwrap.fill(f"{head} Matmuls were {matmul_share:.0%} of the fp32 step, too little for bf16 "
+                             f"to matter — and this CPU has no AMX or AVX-512-bf16, so its bf16 matmuls are "
+                             f"{how} anyway.", 100)
+    if not has_bf16_units(features):
+        why = bf16_hardware_note(features)[0].upper() + bf16_hardware_note(features)[1:] + "."
+        if ratio >= 1.1:
+            why += (" (A gain all the same: perhaps the CPU's flags could not be read — only Linux's "
+                    "/proc/cpuinfo is — and it does have bf16 units.)")
+        return textwrap.fill(f"{head} {why}", 100)
+    amdahl = (f"Matmuls were {matmul_share:.0%} of the fp32 step, so even free matmuls give at most "
+              f"{bound} (Amdahl's law)")
+    if ratio >= 1.1:
+        why = ("the matmuls ran on this CPU's bf16 units; the casts and the unchanged element-wise work "
+               "keep the step below that bound.")
+    elif matmul_share < 0.5:
+        why = "too little of this step is matmul for bf16 to matter, and the casts eat what is left."
+    elif ratio >= 0.9:
+        why = ("this CPU has bf16 units, so a gain was possible: at this size the casts cost about what "
+               "the matmuls saved, or the machine was busy — benchmarks/mixed_precision.py runs a larger "
+               "batch (run it on an idle machine).")
+    else:
+        why = ("slower although this CPU has bf16 units: at this size the casts of every weight cost more "
+               "than the matmuls saved, or the machine was busy — benchmarks/mixed_precision.py runs a "
+               "larger batch (run it on an idle machine).")
+    return textwrap.fill(f"{head} {amdahl}; {why}", 100)
 
 
 def plot_time_split(runs: list[PrecisionRun], ax=None):

@@ -27,6 +27,8 @@ from enum import Enum
 
 import torch
 
+from ..runtime import check_int
+
 __all__ = ["LossScaler", "update_scale", "activation_gradients"]
 
 
@@ -48,8 +50,7 @@ def _check_factors(init_scale, growth_factor, backoff_factor, growth_interval) -
     if not 0.0 < backoff_factor < 1.0:
         raise ValueError(f"backoff_factor must be in (0, 1) (the scale shrinks after an overflow), "
                          f"got {backoff_factor!r}")
-    if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-        raise ValueError(f"growth_interval must be an int >= 1, got {growth_interval!r}")
+    check_int("growth_interval", growth_interval, 1)
 
 
 def update_scale(scale: float, growth_tracker: int, found_inf: bool, *, growth_factor: float = 2.0,

@@ -7,13 +7,18 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 - ``timing``    warm-up, repeats, median and ratios to a baseline
 - ``printing``  rank-aware printing in rank order
 - ``validate``  the one argument checker of the package (messages name the value and what is allowed)
+- ``cpu_features``  does this CPU multiply bf16 in hardware (AMX, AVX-512-bf16)?
 - ``doctor``    ``python -m gpucourse doctor``
 """
 
+from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units
 from .devices import cpu_cores, virtual_devices, visible_devices
 from .launcher import WorkerError, free_port, launch
 from .printing import print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
+from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
 
-__all__ = ["cpu_cores", "virtual_devices", "visible_devices", "WorkerError", "free_port", "launch",
-           "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison", "measure", "speedup"]
+__all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units",
+           "cpu_cores", "virtual_devices", "visible_devices", "WorkerError", "free_port", "launch",
+           "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison", "measure", "speedup",
+           "check_choice", "check_int", "check_number", "check_positive", "check_tensor", "check_type"]

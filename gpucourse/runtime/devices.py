@@ -16,6 +16,8 @@ import os
 
 import torch
 
+from .validate import check_int
+
 __all__ = ["visible_devices", "virtual_devices"]
 
 
@@ -89,10 +91,7 @@ def virtual_devices(n: int) -> list[torch.device]:
         >>> [str(d) for d in devs] in (["cuda:0", "cuda:1"], ["cpu:0", "cpu:1"])
         True
     """
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"n must be an int, got {type(n).__name__} {n!r}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1 device, got {n}")
+    check_int("n", n, 1, hint=" device")
     if torch.cuda.is_available() and torch.cuda.device_count() >= n:
         return [torch.device("cuda", i) for i in range(n)]
     return [torch.device("cpu", i) for i in range(n)]

@@ -10,35 +10,17 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import textwrap
 import time
 
 import torch
 import torch.distributed as dist
 
+from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units
 from .devices import cpu_cores, visible_devices
 from .launcher import _warm_parent, launch
 
 __all__ = ["doctor", "cpu_supports_bf16"]
-
-
-def cpu_supports_bf16() -> dict[str, bool]:
-    """Which bf16 hardware paths this CPU has (AMX tiles are the fast ones, on recent Xeons).
-
-    Example::
-
-        >>> sorted(cpu_supports_bf16())
-        ['amx_bf16', 'avx512_bf16', 'onednn_bf16']
-    """
-    flags = ""
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    try:
-        onednn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        onednn = False
-    return {"amx_bf16": "amx_bf16" in flags, "avx512_bf16": "avx512_bf16" in flags,
-            "onednn_bf16": onednn}
 
 
 def _smoke(rank: int, world_size: int) -> float:
@@ -81,13 +63,19 @@ def doctor(smoke_test: bool = True, file=None) -> bool:
             say("CUDA_VISIBLE_DEVICES", f"{spec!r} is malformed: {e}")
             problems.append("CUDA_VISIBLE_DEVICES is malformed")
     backends = {name: getattr(dist, f"is_{name}_available")() for name in ("gloo", "nccl", "mpi")}
-    say("backends", ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in backends.items()))
+    listed = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in backends.items()
+                       if not (k == "nccl" and v and not n_gpu))
+    if backends["nccl"] and not n_gpu:      # NCCL only moves data between CUDA devices
+        listed += "; nccl compiled in, unusable: no CUDA device"
+    say("backends", listed)
     if not backends["gloo"]:
         problems.append("gloo backend unavailable")
     say("CPU cores", f"{cpu_cores()} usable (os.cpu_count()={os.cpu_count()})")
     say("torch threads", torch.get_num_threads())
     bf16 = cpu_supports_bf16()
     say("CPU bf16", ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in bf16.items()))
+    note = ("" if has_bf16_units(bf16) else "NOTE: ") + bf16_hardware_note(bf16)
+    print(textwrap.fill(note, 100, initial_indent=" " * 24, subsequent_indent=" " * 24), file=out)
     if smoke_test and backends["gloo"]:
         _warm_parent()  # one-off imports that every later launch reuses; not part of the timing
         start = time.perf_counter()

@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from .validate import check_int
+
 __all__ = ["Timing", "measure", "speedup", "format_comparison"]
 
 
@@ -79,11 +81,8 @@ def measure(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, name
         >>> len(t.times), t.name, t.median > 0
         (3, 'sum', True)
     """
-    for label, value, low in (("repeats", repeats, 1), ("warmup", warmup, 0)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{label} must be an int >= {low}, got {value!r} of type {type(value).__name__}")
-        if value < low:
-            raise ValueError(f"{label} must be an int >= {low}, got {value!r}")
+    check_int("repeats", repeats, 1)
+    check_int("warmup", warmup, 0)
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     for _ in range(warmup):

@@ -83,7 +83,7 @@ def test_measure_scaling_times_every_count():
     timings = gc.measure_scaling(calls.append, [1, 3], repeats=2, warmup=1)
     assert sorted(timings) == [1, 3] and calls == [1, 1, 1, 3, 3, 3]
     assert timings[1].name == "1 worker" and len(timings[3].times) == 2
-    with pytest.raises(ValueError, match="ints >= 1"):
+    with pytest.raises(ValueError, match=r"worker count in \[0\] must be >= 1, got 0"):
         gc.measure_scaling(calls.append, [0])
 
 

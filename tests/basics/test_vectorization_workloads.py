@@ -47,8 +47,10 @@ def test_torch_work_keeps_the_norm_and_splits_into_chunks():
     assert gc.parallel_map(gc.torch_work, [3, 4], workers=2) == [gc.torch_work(3), gc.torch_work(4)]
 
 
-@pytest.mark.parametrize("call", [lambda: gc.python_work(-1), lambda: gc.torch_work(2, size=0),
-                                  lambda: gc.torch_work(1.5)])
-def test_workloads_reject_bad_sizes(call):
-    with pytest.raises(ValueError, match="must be an int >="):
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: gc.python_work(-1), ValueError, "n must be >= 0, got -1"),
+    (lambda: gc.torch_work(2, size=0), ValueError, "size must be >= 1, got 0"),
+    (lambda: gc.torch_work(1.5), TypeError, "must be an int, got float 1.5")])
+def test_workloads_reject_bad_sizes(call, error, match):
+    with pytest.raises(error, match=match):
         call()

@@ -65,7 +65,7 @@ def test_ring_bandwidth_term_is_bounded_by_twice_the_message():
 
 @pytest.mark.parametrize("args, exc", [
     ((-1, 2, 0, 0), ValueError), ((1, 0, 0, 0), ValueError), ((1, 2.0, 0, 0), TypeError),
-    ((1, 2, -1e-6, 0), ValueError), ((float("nan"), 2, 0, 0), TypeError),
+    ((1, 2, -1e-6, 0), ValueError), ((float("nan"), 2, 0, 0), ValueError),
 ])
 def test_ring_time_rejects_bad_input(args, exc):
     with pytest.raises(exc):

@@ -51,7 +51,7 @@ def test_synthetic_cifar_is_learnable_but_not_trivial():
 
 
 def test_bad_size():
-    with pytest.raises(ValueError, match="size must be a positive int"):
+    with pytest.raises(ValueError, match="size must be >= 1, got 0"):
         gc.SyntheticCIFAR10(size=0)
 
 
@@ -91,5 +91,5 @@ def test_small_conv_net_is_the_wider_net():
     out.sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in net.parameters())
     assert gc.SmallConvNet(8, 16, 4)(x).shape == (3, 4)
-    with pytest.raises(ValueError, match="c1 must be a positive int"):
+    with pytest.raises(ValueError, match="c1 must be >= 1, got 0"):
         gc.SmallConvNet(0)

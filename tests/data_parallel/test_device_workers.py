@@ -70,13 +70,13 @@ def test_device_context_and_as_device():
 
 
 def test_timeline_overlap_arithmetic():
-    tl = gc.data_parallel.device_workers.Timeline(spans=[("a", "f", 0.0, 2.0), ("b", "f", 1.0, 3.0), ("c", "g", 0.0, 9.0)])
+    tl = gc.data_parallel.device_timeline.Timeline(spans=[("a", "f", 0.0, 2.0), ("b", "f", 1.0, 3.0), ("c", "g", 0.0, 9.0)])
     assert tl.overlap("f") == pytest.approx(1.0)
     assert tl.overlap("g") == 0.0
 
 
 def test_timeline_totals_sum_spans_per_label_and_row():
-    tl = gc.data_parallel.device_workers.Timeline(spans=[("a", "f", 0.0, 2.0), ("a", "f", 3.0, 3.5), ("b", "f", 1.0, 3.0),
+    tl = gc.data_parallel.device_timeline.Timeline(spans=[("a", "f", 0.0, 2.0), ("a", "f", 3.0, 3.5), ("b", "f", 1.0, 3.0),
                                            ("main thread", "gather", 4.0, 4.25)])
     assert tl.totals() == {"f": {"a": 2.5, "b": 2.0}, "gather": {"main thread": 0.25}}
 

@@ -109,7 +109,7 @@ def test_clock_cycles_cover_every_task_once_in_dependency_order():
 def test_bubble_fraction_formula_and_errors():
     assert gc.bubble_fraction(4, 8) == pytest.approx(3 / 11)
     assert gc.bubble_fraction(1, 1) == 0.0
-    with pytest.raises(ValueError, match="num_microbatches must be an int >= 1"):
+    with pytest.raises(ValueError, match="num_microbatches must be >= 1, got 0"):
         gc.bubble_fraction(2, 0)
     with pytest.raises(TypeError, match="num_stages must be an int"):
         gc.bubble_fraction(2.0, 4)
@@ -184,7 +184,7 @@ def test_parallel_grid():
     assert grid.pipeline_ranks(2) == [2, 5] and grid.data_parallel_ranks(1) == [3, 4, 5]
     with pytest.raises(ValueError, match=r"Invalid rank 6, rank should be in the interval \[0, 5\]"):
         grid.coords(6)
-    with pytest.raises(ValueError, match="dp_size must be an int >= 1"):
+    with pytest.raises(ValueError, match="dp_size must be >= 1, got 0"):
         gc.ParallelGrid(0, 2)
 
 

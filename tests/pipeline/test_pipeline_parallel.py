@@ -169,14 +169,14 @@ def test_stages_with_different_batch_or_shape_fail_clearly():
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (dict(num_stages=8), ValueError, r"num_stages=8: cannot cut 7 layers into 8 stages"),
-    (dict(num_stages=0), ValueError, r"num_stages must be an int >= 1, got 0"),
+    (dict(num_stages=0), ValueError, r"num_stages must be >= 1, got 0"),
     (dict(chunks=0), ValueError, r"chunks must be >= 1 .*got 0"),
     (dict(chunks=2.0), TypeError, r"chunks must be an int, got float 2.0"),
     (dict(chunks=9), ValueError, r"a batch of 8 samples cannot be cut into chunks=9 micro-batches"),
     (dict(chunks=3, dp_size=3), ValueError, r"3 pipelines get 2 or more each.*chunks=3"),
     (dict(schedule="zigzag"), ValueError, r"schedule must be one of \['1f1b', 'gpipe'\].*'zigzag'"),
     (dict(schedule=gc.gpipe_schedule(2, 3)), ValueError, r"for 2 stages and 3 micro-batches, not 2 and 4"),
-    (dict(steps=0), ValueError, r"steps must be an int >= 1, got 0"),
+    (dict(steps=0), ValueError, r"steps must be >= 1, got 0"),
     (dict(balance=[3, 3]), ValueError, r"balance=\[3, 3\]: balance \[3, 3\] covers 6 layers, but the model has 7"),
     (dict(balance=[2, 2, 3]), ValueError, r"balance \[2, 2, 3\] has 3 stages, but num_stages is 2"),
     (dict(model_fn=lambda: nn.Linear(6, 5)), TypeError, r"nn.Sequential.*got Linear"),

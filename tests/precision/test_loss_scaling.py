@@ -288,14 +288,18 @@ def test_after_update_a_new_iteration_may_unscale_again():
     (dict(growth_factor=0.5), "growth_factor must be > 1.0"),
     (dict(backoff_factor=1.0), r"backoff_factor must be in \(0, 1\)"),
     (dict(backoff_factor=0.0), r"backoff_factor must be in \(0, 1\)"),
-    (dict(growth_interval=0), "growth_interval must be an int >= 1"),
-    (dict(growth_interval=2.5), "growth_interval must be an int >= 1"),
+    (dict(growth_interval=0), "growth_interval must be >= 1, got 0"),
     (dict(init_scale=0.0), "init_scale must be a positive finite"),
     (dict(init_scale=float("inf")), "init_scale must be a positive finite"),
 ])
 def test_invalid_factors_raise_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         gc.LossScaler(**kwargs)
+
+
+def test_growth_interval_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="growth_interval must be an int, got float 2.5"):
+        gc.LossScaler(growth_interval=2.5)
 
 
 def test_wrong_types_raise_type_error():

@@ -38,10 +38,12 @@ def test_custom_layouts(e, m, expected_max):
     assert gc.FloatFormat("x", e, m).max == expected_max
 
 
-@pytest.mark.parametrize("bad", [dict(exponent_bits=0, mantissa_bits=3), dict(exponent_bits=1, mantissa_bits=3),
-                                 dict(exponent_bits=5, mantissa_bits=2.0), dict(exponent_bits=True, mantissa_bits=3)])
-def test_float_format_rejects_bad_widths(bad):
-    with pytest.raises(ValueError, match="bits"):
+@pytest.mark.parametrize("bad, error", [(dict(exponent_bits=0, mantissa_bits=3), ValueError),
+                                        (dict(exponent_bits=1, mantissa_bits=3), ValueError),
+                                        (dict(exponent_bits=5, mantissa_bits=2.0), TypeError),
+                                        (dict(exponent_bits=True, mantissa_bits=3), TypeError)])
+def test_float_format_rejects_bad_widths(bad, error):
+    with pytest.raises(error, match="bits must be"):
         gc.FloatFormat("x", **bad)
 
 

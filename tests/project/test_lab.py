@@ -48,6 +48,15 @@ def test_make_lab_serves_chapter_00():
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/?token={token}", timeout=10) as resp:
             assert resp.status == 200 and b"JupyterLab" in resp.read()
             assert "/lab/tree/notebooks/00_setup.ipynb" in resp.url
+        # the course's lab settings are in force: no news pop-up ("Would you like to receive
+        # official Jupyter news?"), no update check (lab/settings/overrides.json changes the defaults)
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+            headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            props = json.load(resp)["schema"]["properties"]
+        assert props["fetchNews"]["default"] == "false"
+        assert props["checkForUpdates"]["default"] is False
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

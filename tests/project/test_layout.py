@@ -62,3 +62,21 @@ def test_top_level_reexports_every_part_public_name():
             if getattr(gc, name, None) is not getattr(mod, name):
                 missing.append(f"{part}.{name}")
     assert missing == []
+
+
+def test_one_argument_validator_for_the_whole_package():
+    """Int checks go through runtime/validate.py, not per-module copies of it."""
+    import re
+
+    copies = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = str(path.relative_to(PKG))
+        if rel in ("runtime/validate.py", "runtime/launcher.py"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r"\s*def _check_(int|chunks|world|size)\b", line):
+                copies.append(f"{rel}:{n}: {line.strip()}")
+            # a scalar int check written out by hand (lists of ints are checked element-wise)
+            if re.search(r"if isinstance\((\w+), bool\) or not isinstance\(\1, int\)(:| or \1 < )", line):
+                copies.append(f"{rel}:{n}: {line.strip()}")
+    assert copies == [], "use gpucourse.runtime.validate.check_int:\n" + "\n".join(copies)
