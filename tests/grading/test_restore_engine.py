@@ -108,3 +108,19 @@ def test_output_is_cut_in_the_kernel_and_status_is_the_reply():
     assert [c["status"] for c in record["cells"]] == ["ok", "ok", "error", "ok"]
     assert not any(o.output_type == "error" for o in nb.cells[2].outputs)    # the display was hidden
     assert record["cells"][2]["error"].startswith("ZeroDivisionError")       # the reply was not
+
+
+def test_the_shepherd_loads_grading_without_torch():
+    """The sandbox's shepherd imports gpucourse/grading on its own: no torch, no other part."""
+    import subprocess
+    import sys
+
+    from gpucourse.grading.sandbox import _BOOT, _GRADING_DIR
+
+    code = _BOOT.replace("from gpucourse_grading.sandbox import shepherd_main; shepherd_main()",
+                         "import gpucourse_grading.grade, gpucourse_grading.nbgrader; "
+                         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                         "('torch', 'gpucourse')))")
+    r = subprocess.run([sys.executable, "-c", code, str(_GRADING_DIR)], capture_output=True, text=True,
+                       timeout=120, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
