@@ -22,7 +22,7 @@ from pathlib import Path
 
 import nbformat
 
-from .engine import GUARDED, execute
+from .engine import _current_env_kernel_manager
 from .grade import Options, Submission, grade_notebook
 from .restore import NotANotebook, chapter_of, load_releases, parse_notebook
 
@@ -41,17 +41,36 @@ class CheckResult:
 
 
 def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: bool = True):
-    """Execute a notebook in a fresh kernel (cwd = its folder), in this process, on the grading engine.
+    """Execute a trusted notebook (a lesson, a solution) in a fresh kernel, cwd = its folder.
 
-    Every cell runs even after an error (errors are stored as outputs). Returns the executed
-    notebook and, if execution stopped early (a cell timed out, the kernel died), a message saying
-    why. (``allow_errors`` is kept for compatibility; the engine always runs every cell.)
+    This is the course authors' runner (``scripts/execute_notebooks.py``, the tests), not the
+    grader: no checks restored, no guard. With ``allow_errors`` every cell runs even after an error
+    (errors are stored as outputs); without it the first error raises ``CellExecutionError``.
+    Returns the executed notebook (widget state included) and, if execution stopped early (a cell
+    timed out, the kernel died), a message saying why.
     """
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    record = execute(nb, names=GUARDED, cwd=str(path.parent.resolve()), cell_timeout=cell_timeout,
-                     notebook_timeout=max(cell_timeout * 50, 3600), output_limit=0)
-    return nb, record["fatal"]
+    # Start from a blank slate: nbclient replaces only the cells it reaches, so after a timeout or
+    # a dead kernel a stale count would make a check that never ran look passed.
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    client = NotebookClient(nb, km=_current_env_kernel_manager(), timeout=cell_timeout,
+                            allow_errors=allow_errors, record_timing=False,
+                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    fatal = ""
+    try:
+        client.execute()
+    except CellTimeoutError as e:
+        fatal = f"a cell ran longer than {cell_timeout:g} s: {str(e).splitlines()[0]}"
+    except DeadKernelError as e:
+        fatal = f"the kernel died: {str(e).splitlines()[0]}"
+    return nb, fatal
 
 
 def _find_releases(path: Path, release: str | None):
