@@ -3,6 +3,8 @@
 #   make lab        create .venv if needed, install, open JupyterLab at chapter 00
 #   make lab TORCH=cpu   the same with PyTorch's CPU-only wheels (~0.2 GB instead of ~3 GB to download)
 #   make test       create .venv if needed, install, run every test and every notebook
+#   make check NB=exercises/04_…ipynb        self-check one exercises notebook in a fresh kernel
+#   make grade SUBMISSIONS=subs/             grade a class (GRADE_ARGS="--hidden --csv grades.csv")
 #
 # Only python3 (>= 3.11) with pip and venv is needed; exact versions come from constraints.txt.
 
@@ -36,7 +38,7 @@ NBVAL     := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitiz
 # connection for glibc's default 5 s, so the tests ask for 1 s retries (see README, troubleshooting).
 TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0 RES_OPTIONS="timeout:1 attempts:3"
 
-.PHONY: lab test test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean
+.PHONY: lab test test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade
 
 env: $(STAMP)
 
@@ -88,6 +90,17 @@ benchmarks: $(STAMP)
 
 doctor: $(STAMP)
 	$(PY) -m gpucourse doctor
+
+# the learner's self-check: make check NB=exercises/02_data_parallel_exercises.ipynb
+check: $(STAMP)
+	@test -n "$(NB)" || { echo "usage: make check NB=exercises/NN_<topic>_exercises.ipynb"; exit 2; }
+	$(PY) -m gpucourse check $(NB)
+
+# the instructor's gradebook: make grade SUBMISSIONS=subs/ GRADE_ARGS="--hidden --csv grades.csv"
+GRADE_ARGS ?=
+grade: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder-or-notebooks [GRADE_ARGS=...]"; exit 2; }
+	$(PY) -m gpucourse grade $(SUBMISSIONS) $(GRADE_ARGS)
 
 # refresh the exact pins after changing pyproject.toml (course authors)
 constraints: $(STAMP)

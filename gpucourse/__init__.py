@@ -89,3 +89,6 @@ from .observability import (BucketOverlap, DDPOptionResult, OverlapReport, Resum
                             hidden_fraction, latest_checkpoint, load_training_state, measure_ddp_option,
                             profile_ddp_steps, read_trace_events, rng_states, save_training_state,
                             set_rng_states, step_traces, trace_timeline, train_uneven)
+
+# --- grading/: self-check an exercises notebook from one of its cells -------------------------
+from .grading import check, check_this_notebook

@@ -1,9 +1,26 @@
-"""Command line: ``python -m gpucourse {doctor,check,exercises}`` (also installed as ``gpucourse``)."""
+"""Command line: ``python -m gpucourse {doctor,check,grade,exercises,export-nbgrader}``.
+
+Also installed as the ``gpucourse`` console script (``.venv/bin/gpucourse check …``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _workers(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,15 +31,48 @@ def main(argv: list[str] | None = None) -> int:
                                       "2-process all-reduce)")
     p.add_argument("--no-smoke-test", action="store_true", help="skip the 2-process all-reduce")
 
-    p = sub.add_parser("check", help="run notebooks in a fresh kernel and grade their exercises")
+    p = sub.add_parser("check", help="self-check: run your exercises notebook in a fresh kernel, with "
+                                     "the course's checks, one row per exercise")
     p.add_argument("notebooks", nargs="+", help="notebook files or folders of notebooks")
-    p.add_argument("--cell-timeout", type=float, default=300, help="seconds per cell (default 300)")
+    p.add_argument("--cell-timeout", type=_positive, default=300, help="seconds per cell (default 300)")
+    p.add_argument("--notebook-timeout", type=_positive, default=1800,
+                   help="seconds per notebook (default 1800)")
+    p.add_argument("--release", default=None,
+                   help="release folder to restore checks from (default: exercises/ next to the notebook "
+                        "or in the current folder)")
+
+    p = sub.add_parser("grade", help="grade a class: checks restored from the release, each notebook "
+                                     "sandboxed, gradebook out")
+    p.add_argument("submissions", nargs="+", help="submitted notebooks, or folders of them "
+                                                  "(subs/<student>/*.ipynb or flat subs/*.ipynb)")
+    p.add_argument("--release", default="exercises",
+                   help="release folder (or one notebook) the checks come from (default exercises/)")
+    p.add_argument("--chapter", default=None, help="every submission must be this chapter (NN)")
+    p.add_argument("--hidden", nargs="?", const="solutions", default=None, metavar="SOLUTIONS",
+                   help="also run the hidden checks of the solutions folder (default solutions/)")
+    p.add_argument("--workers", type=_workers, default=None,
+                   help="notebooks graded at once (default: cores / 2, at least 1)")
+    p.add_argument("--csv", help="write the gradebook as CSV")
+    p.add_argument("--json", help="write the gradebook as JSON")
+    p.add_argument("--feedback", metavar="DIR", help="write one feedback file per student into DIR")
+    p.add_argument("--feedback-format", choices=["md", "html"], default="md")
+    p.add_argument("--cell-timeout", type=_positive, default=300, help="seconds per cell (default 300)")
+    p.add_argument("--notebook-timeout", type=_positive, default=900,
+                   help="seconds per notebook, all cells together (default 900)")
+    p.add_argument("--memory-mb", type=_workers, default=8192, help="address space per process (MB)")
+    p.add_argument("--output-kb", type=_workers, default=1024, help="output kept per cell (KB)")
+    p.add_argument("--no-bwrap", action="store_true", help="do not use bubblewrap even if installed")
 
     p = sub.add_parser("exercises", help="regenerate exercises/ from solutions/")
     p.add_argument("--solutions", default="solutions")
     p.add_argument("--exercises", default="exercises")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if exercises/ is out of date")
+
+    p = sub.add_parser("export-nbgrader", help="write an nbgrader course folder (source/<assignment>/)")
+    p.add_argument("dir", help="nbgrader course folder to write into")
+    p.add_argument("--solutions", default="solutions")
+    p.add_argument("--assignment", default="gpucourse", help="assignment name (default gpucourse)")
 
     args = parser.parse_args(argv)
     if args.command == "doctor":
@@ -32,7 +82,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         from .grading.check import main as check_main
 
-        return check_main(args.notebooks, cell_timeout=args.cell_timeout)
+        return check_main(args.notebooks, cell_timeout=args.cell_timeout,
+                          notebook_timeout=args.notebook_timeout, release=args.release)
+    if args.command == "grade":
+        from .grading.grade import Options, grade
+        from .grading.sandbox import Limits
+
+        options = Options(cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
+                          limits=Limits(memory_bytes=args.memory_mb << 20, output_bytes=args.output_kb << 10,
+                                        cpu_seconds=int(args.notebook_timeout * 2) + 60),
+                          use_bwrap=not args.no_bwrap)
+        return grade(args.submissions, release=args.release, hidden_from=args.hidden, workers=args.workers,
+                     csv_path=args.csv, json_path=args.json, feedback=args.feedback,
+                     feedback_format=args.feedback_format, options=options, chapter=args.chapter)
+    if args.command == "export-nbgrader":
+        from .grading.nbgrader import export_nbgrader
+
+        try:
+            written = export_nbgrader(args.solutions, args.dir, assignment=args.assignment)
+        except FileNotFoundError as e:
+            print(f"gpucourse export-nbgrader: {e}", file=sys.stderr)
+            return 2
+        for path in written:
+            print(f"wrote {path}")
+        return 0
     from .grading.exercises import generate_exercises
 
     try:

@@ -1,25 +1,33 @@
 """``python -m gpucourse check NOTEBOOK...``: run notebooks in a fresh kernel, one row per exercise.
 
-Learners run it on their own exercises notebook to self-check; instructors run it on a folder of
-collected submissions. Each notebook is executed top to bottom in a new kernel of *this* Python
-environment, in the notebook's own folder, with a time limit per cell; every cell runs even after an
-error, so one unfinished exercise does not hide the others. Then every check cell (tagged
-``check``) becomes a row: ✓, or ✗ with the first line of its error. An error in any other cell is
-reported too — a solution cell with a syntax error is a failure even if no check noticed.
-Exit status: 0 when everything passes, 1 otherwise.
+Learners run it on their own exercises notebook to self-check — from a terminal
+(``make check NB=…`` or ``.venv/bin/python -m gpucourse check …``) or from a cell
+(``gc.check_this_notebook()``). It is the instructor's grading engine (:mod:`.grade`) on one
+notebook: a fresh kernel of *this* Python environment, in the notebook's own folder, a time limit
+per cell and per notebook, the course's check cells restored from ``exercises/`` when the notebook
+is a course exercises notebook; every cell runs even after an error, so one unfinished exercise
+does not hide the others. Every check becomes a row: ✓ (the kernel replied ``ok``), or ✗ with the
+first line of its error. An error in any other cell is reported too.
+Exit status: 0 when everything passes, 1 otherwise, 2 when a file is missing.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 
-from .exercises import CHECK_HEADER, CHECK_TAG
+from .engine import _current_env_kernel_manager
+from .grade import Options, Submission, grade_notebook
+from .restore import NotANotebook, chapter_of, load_releases, parse_notebook
 
-__all__ = ["CheckResult", "run_notebook", "check_notebook", "format_results", "main"]
+__all__ = ["CheckResult", "run_notebook", "check_notebook", "format_results", "main", "check",
+           "check_this_notebook"]
 
 
 @dataclass
@@ -32,35 +40,22 @@ class CheckResult:
     error: str = ""   # first line of the error, "ExcType: message"
 
 
-def _current_env_kernel_manager():
-    """A kernel manager that starts ipykernel with *this* interpreter (like nbval --nbval-current-env)."""
-    import ipykernel.kernelspec
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
-
-    class CurrentEnv(KernelSpecManager):
-        def get_kernel_spec(self, kernel_name):
-            return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
-                                          **ipykernel.kernelspec.get_kernel_dict())
-
-    return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnv())
-
-
 def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: bool = True):
-    """Execute a notebook in a fresh kernel (cwd = its folder).
+    """Execute a trusted notebook (a lesson, a solution) in a fresh kernel, cwd = its folder.
 
-    With ``allow_errors`` every cell runs even after an error (errors are stored as outputs).
-    Returns the executed notebook and, if execution stopped early (a cell timed out, the kernel
-    died), a message saying why.
+    This is the course authors' runner (``scripts/execute_notebooks.py``, the tests), not the
+    grader: no checks restored, no guard. With ``allow_errors`` every cell runs even after an error
+    (errors are stored as outputs); without it the first error raises ``CellExecutionError``.
+    Returns the executed notebook (widget state included) and, if execution stopped early (a cell
+    timed out, the kernel died), a message saying why.
     """
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    # Start from a blank slate: a shipped exercises notebook stores the solution run's check output
-    # ("passed ✓", an execution count). nbclient replaces only the cells it reaches, so after a
-    # timeout or a dead kernel a stale count would make a check that never ran look passed.
+    # Start from a blank slate: nbclient replaces only the cells it reaches, so after a timeout or
+    # a dead kernel a stale count would make a check that never ran look passed.
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = []
@@ -78,36 +73,53 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
     return nb, fatal
 
 
-def _first_error(cell) -> str:
-    for out in cell.get("outputs", []):
-        if out.get("output_type") == "error":
-            value = (out.get("evalue") or "").strip().splitlines()
-            return f"{out.get('ename')}: {value[0] if value else ''}".rstrip(": ")
-    return ""
+def _find_releases(path: Path, release: str | None):
+    if release is not None:
+        return load_releases(release)
+    for folder in (path.resolve().parent, path.resolve().parent.parent, Path.cwd()):
+        for candidate in (folder / "exercises", folder):
+            if candidate.is_dir() and any(candidate.glob("[0-9][0-9]_*_exercises.ipynb")):
+                try:
+                    return load_releases(candidate)
+                except Exception:  # noqa: BLE001 - an unreadable release: check the notebook as is
+                    continue
+    return {}
 
 
-def check_notebook(path: str | Path, *, cell_timeout: float = 300) -> list[CheckResult]:
-    """Run ``path`` and return one :class:`CheckResult` per check cell (and per other failing cell)."""
-    nb, fatal = run_notebook(path, cell_timeout=cell_timeout)
+def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_timeout: float = 1800,
+                   release: str | None = None) -> list[CheckResult]:
+    """Run ``path`` and return one :class:`CheckResult` per check cell (and per other failing cell).
+
+    A course exercises notebook is checked with the release's check cells (restored, as the
+    instructor's ``grade`` does); any other notebook with its own check cells.
+    """
+    path = Path(path)
+    sub = Submission(path.stem, path, path.read_bytes())
+    releases = _find_releases(path, release)
+    options = Options(cell_timeout=cell_timeout, notebook_timeout=notebook_timeout)
+    try:
+        nb = parse_notebook(sub.data, path.name)
+        content, _ = chapter_of(nb, path.name)
+    except NotANotebook:
+        content = None
+    use_release = content is not None and content in releases
+    with tempfile.TemporaryDirectory(prefix="gpucourse-check-") as root:
+        g = grade_notebook(sub, releases, hidden=None, options=options, mode="limits",
+                           work_root=Path(root), cwd=path.resolve().parent, restore_checks=use_release)
     results: list[CheckResult] = []
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
+    for r in g.rows:
+        if r.exercise == "-":
+            title = "no check cells found (tagged 'check')" if g.status == "no checks" else "notebook"
+            results.append(CheckResult("-", title, False, r.error if g.status != "no checks"
+                                       else "nothing to grade"))
             continue
-        error = _first_error(cell)
-        executed = cell.get("execution_count") is not None or bool(cell.get("outputs"))
-        if CHECK_TAG in cell.get("metadata", {}).get("tags", []):
-            m = CHECK_HEADER.match(cell.source.splitlines()[0] if cell.source else "")
-            label, title = (m["id"], m["title"].strip()) if m else (f"cell {index}", "check")
-            if not error and not executed and fatal:
-                error = "not run: " + fatal
-            results.append(CheckResult(label, title, passed=not error, error=error))
-        elif error:
-            results.append(CheckResult(f"cell {index}", "(not a check cell)", False, error))
-    if not any(r.label[0].isdigit() for r in results):
-        results.append(CheckResult("-", "no check cells found (tagged 'check')", False,
-                                   "nothing to grade"))
-    if fatal and all(r.passed for r in results):
-        results.append(CheckResult("-", "notebook", False, fatal))
+        note = {"edited": " (check cell was edited — restored)",
+                "deleted": " (check cell was deleted — put back)"}.get(r.restored, "")
+        results.append(CheckResult(r.exercise, r.title + note, r.visible == "✓", r.error))
+    for where, error in g.others:
+        results.append(CheckResult(f"cell {where}", "(not a check cell)", False, error))
+    if g.problem and all(r.passed for r in results):
+        results.append(CheckResult("-", "notebook", False, g.problem))
     return results
 
 
@@ -135,7 +147,8 @@ def format_results(name: str, results: list[CheckResult]) -> str:
     return "\n".join(lines)
 
 
-def main(paths: list[str], *, cell_timeout: float = 300) -> int:
+def main(paths: list[str], *, cell_timeout: float = 300, notebook_timeout: float = 1800,
+         release: str | None = None) -> int:
     """Check each notebook (folders are searched for ``*.ipynb``); 0 if all pass, else 1."""
     files: list[Path] = []
     for p in map(Path, paths):
@@ -152,7 +165,8 @@ def main(paths: list[str], *, cell_timeout: float = 300) -> int:
     all_ok = True
     summary = []
     for f in files:
-        results = check_notebook(f, cell_timeout=cell_timeout)
+        results = check_notebook(f, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
+                                 release=release)
         print(format_results(str(f), results), flush=True)
         ok = all(r.passed for r in results)
         all_ok &= ok
@@ -162,3 +176,50 @@ def main(paths: list[str], *, cell_timeout: float = 300) -> int:
         for f, ok, p, n in summary:
             print(f"  {'✓' if ok else '✗'}  {p}/{n}  {f}")
     return 0 if all_ok else 1
+
+
+def check(path: str | os.PathLike, *, cell_timeout: float = 300) -> bool:
+    """Check a saved notebook in a fresh kernel, from a notebook cell or a script; print the table.
+
+    Runs ``python -m gpucourse check PATH`` with this interpreter (the course's ``.venv``), so it
+    works without an activated environment. Returns True when every check passes.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no notebook at {str(path)!r}; pass the path of your saved exercises "
+                                "notebook, e.g. gc.check('exercises/04_distributed_data_parallel_exercises.ipynb')")
+    print(f"checking {path} in a fresh kernel (the saved file: save with Ctrl+S first)…", flush=True)
+    proc = subprocess.run([sys.executable, "-m", "gpucourse", "check", "--cell-timeout", str(cell_timeout),
+                           str(path)], capture_output=True, text=True)
+    print(proc.stdout.rstrip())
+    if proc.returncode not in (0, 1):
+        print(proc.stderr.rstrip(), file=sys.stderr)
+    return proc.returncode == 0
+
+
+def _this_notebook() -> Path:
+    """The notebook the calling kernel belongs to (JupyterLab / Notebook / VS Code)."""
+    ns = {}
+    try:
+        from IPython import get_ipython
+
+        ns = get_ipython().user_ns if get_ipython() is not None else {}
+    except ImportError:
+        pass
+    if ns.get("__vsc_ipynb_file__"):
+        return Path(ns["__vsc_ipynb_file__"])
+    session = os.environ.get("JPY_SESSION_NAME")          # set by jupyter_server for every kernel
+    if session and session.endswith(".ipynb"):
+        p = Path(session)
+        if p.is_file():
+            return p
+        for root in (Path.cwd(), *Path.cwd().parents):
+            if (root / session).is_file():
+                return root / session
+    raise RuntimeError("cannot tell which notebook this kernel belongs to; pass its path: "
+                       "gc.check('exercises/NN_…_exercises.ipynb')")
+
+
+def check_this_notebook(*, cell_timeout: float = 300) -> bool:
+    """Check the notebook this cell belongs to (its saved copy) in a fresh kernel; print the table."""
+    return check(_this_notebook(), cell_timeout=cell_timeout)

@@ -15,10 +15,14 @@ A solutions notebook marks every exercise like this::
 
 :func:`make_exercise_notebook` replaces each solution region by a stub that raises
 ``NotImplementedError`` (keeping the region's indentation, so a function body stays a function
-body), clears the outputs of every other cell (they would give the answer away) and keeps check
-cells and their outputs. Cells tagged ``solution-only`` are dropped, and so are hidden checks:
-code cells tagged ``hidden`` after an exercise's visible check, first line ``# Hidden 04.2 — …``,
-which test more (random sizes, edge cases, a property) for the instructor's grader only.
+body) and clears the outputs and execution counts of every cell — check cells included, so a
+shipped notebook never looks solved. Cells tagged ``solution-only`` are dropped, and so are hidden
+checks: code cells tagged ``hidden`` after an exercise's visible check, first line
+``# Hidden 04.2 — …``, which test more (random sizes, edge cases, a property) for the
+instructor's grader only. The release carries what the grader needs to trust nothing in a
+submission (:mod:`.restore`): the notebook's chapter in ``metadata.gpucourse``, and on every check
+cell its exercise id, points (default 1, or the solution cell's ``points`` metadata) and a content
+hash. Each exercise's heading says what a pass prints.
 
 Rule that keeps the pipeline honest: a solution region sits *inside a function*, so the cell that
 defines it still runs in the exercises notebook, and the first thing to fail is the check cell.
@@ -35,7 +39,8 @@ from pathlib import Path
 import nbformat
 
 __all__ = ["BEGIN", "END", "strip_solutions", "make_exercise_notebook", "exercise_index",
-           "generate_exercises", "CHECK_HEADER", "EXERCISE_HEADING", "HIDDEN_HEADER", "HIDDEN_TAG"]
+           "generate_exercises", "CHECK_HEADER", "EXERCISE_HEADING", "HIDDEN_HEADER", "HIDDEN_TAG",
+           "CHECK_TAG", "PASS_LINE", "check_hash"]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -185,6 +190,7 @@ def make_exercise_notebook(nb, *, name: str = "notebook"):
     exercises = exercise_index(nb, name=name)
     owner = {i: ex.id for ex in exercises.values() for i in ex.solution_cells}
     out = copy.deepcopy(nb)
+    _release_metadata(out, exercises, name)
     cells = []
     for index, cell in enumerate(out.cells):
         if SOLUTION_ONLY_TAG in _tags(cell) or HIDDEN_TAG in _tags(cell):
@@ -193,12 +199,40 @@ def make_exercise_notebook(nb, *, name: str = "notebook"):
         if cell.cell_type == "code":
             if index in owner:
                 cell.source = strip_solutions(cell.source, owner[index], where=f"{name}, cell {index}")
-            if CHECK_TAG not in _tags(cell):
-                cell.outputs = []
-                cell.execution_count = None
+            cell.outputs = []
+            cell.execution_count = None
         cells.append(cell)
     out.cells = cells
     return out
+
+
+#: what a check prints when it passes (``print("04.2 passed ✓")``)
+PASS_LINE = re.compile(r"""print\(\s*["'](?P<line>\d{2}\.\d+ passed ✓)["']\s*\)""")
+
+
+def check_hash(source: str) -> str:
+    """Content hash of a check cell (trailing whitespace ignored), stored in the release."""
+    import hashlib
+
+    text = "\n".join(line.rstrip() for line in source.strip().splitlines())
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _release_metadata(nb, exercises: dict[str, Exercise], name: str) -> None:
+    """Chapter on the notebook; id, points, hash on each check cell; the pass line in each heading."""
+    chapter = next(iter(exercises))[:2] if exercises else name[:2]
+    nb.metadata["gpucourse"] = {"chapter": chapter, "release": Path(name).stem}
+    for ex in exercises.values():
+        check = nb.cells[ex.check_cells[0]]
+        points = check.metadata.get("points", 1)
+        check.metadata["gpucourse"] = {"exercise": ex.id, "points": points,
+                                       "hash": check_hash(check.source)}
+        m = PASS_LINE.search(check.source)
+        heading = next(c for c in nb.cells if c.cell_type == "markdown"
+                       and any(h["id"] == ex.id for h in EXERCISE_HEADING.finditer(c.source)))
+        if m and "the check prints" not in heading.source:
+            heading.source = (heading.source.rstrip() + f"\n\nWhen your code is right, its check "
+                              f"cell prints `{m['line']}`.")
 
 
 def generate_exercises(solutions_dir: str | Path, exercises_dir: str | Path, *,

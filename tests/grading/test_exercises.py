@@ -57,10 +57,13 @@ def test_strip_rejects_unbalanced_markers(src, msg):
 
 def test_make_exercise_notebook_strips_clears_and_keeps_checks():
     nb = _tiny_solutions_notebook()
-    ex = make_exercise_notebook(nb)
+    ex = make_exercise_notebook(nb, name="99_tiny_exercises.ipynb")
     assert len(ex.cells) == 3                                         # solution-only dropped
     assert "return 2 * x" not in ex.cells[1].source and ex.cells[1].outputs == []
-    assert ex.cells[2].outputs[0]["text"] == "ok\n"                     # check output kept
+    assert ex.cells[2].source == nb.cells[2].source                   # check kept ...
+    assert ex.cells[2].outputs == [] and ex.cells[2].execution_count is None   # ... but not run
+    assert ex.cells[2].metadata["gpucourse"]["exercise"] == "99.1"
+    assert ex.metadata["gpucourse"]["chapter"] == "99"
     assert nb.cells[1].source.count("return 2 * x") == 1               # input untouched
 
 

@@ -1,0 +1,57 @@
+"""Shared helpers for the grading tests: a tiny release built by the real generator."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from gpucourse.grading.exercises import BEGIN, END, make_exercise_notebook
+
+TINY = "99_tiny_exercises.ipynb"
+
+
+def tiny_solutions(extra_cells=(), hidden=False, points=None):
+    check_meta = {"tags": ["check"], **({"points": points} if points else {})}
+    cells = [
+        new_markdown_cell("# 99 · tiny\n## Exercise 99.1 — square"),
+        new_code_cell(f"def square(x):\n    {BEGIN}\n    return x * x\n    {END}"),
+        new_code_cell("# Check 99.1 — square of small numbers\nfor v in range(-3, 4):\n"
+                      "    assert square(v) == v * v, (v, square(v))\nprint('99.1 passed ✓')",
+                      metadata=check_meta),
+    ]
+    if hidden:
+        cells.append(new_code_cell("# Hidden 99.1 — square of large numbers\n"
+                                   "assert square(10**6) == 10**12, 'large inputs'",
+                                   metadata={"tags": ["hidden"]}))
+    cells += [*extra_cells]
+    return new_notebook(cells=cells)
+
+
+@pytest.fixture
+def tiny_release(tmp_path):
+    """(release folder, solutions folder) for chapter 99."""
+    sol, rel = tmp_path / "solutions", tmp_path / "release"
+    sol.mkdir()
+    rel.mkdir()
+    nb = tiny_solutions(hidden=True, points=3)
+    nbformat.write(nb, sol / TINY)
+    ex = make_exercise_notebook(nb, name=TINY)
+    ex.cells = [c for c in ex.cells if "hidden" not in c.metadata.get("tags", [])]
+    nbformat.write(ex, rel / TINY)
+    return rel, sol
+
+
+def tiny_submission(folder: Path, student: str, answer: str, extra=(), before=False) -> Path:
+    """The release notebook with ``answer`` as square's body and ``extra`` cells appended (or put
+    before the answer with ``before=True``)."""
+    nb = nbformat.read(next(folder.parent.glob("release")) / TINY, as_version=4)
+    nb.cells[1].source = f"def square(x):\n    {answer}"
+    if before:
+        nb.cells[1:1] = [new_code_cell(src) for src in extra]
+    else:
+        nb.cells += [new_code_cell(src) for src in extra]
+    path = folder / student / TINY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+    return path

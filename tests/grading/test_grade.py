@@ -1,0 +1,265 @@
+"""`python -m gpucourse grade`: a class of cheating, broken and honest submissions is graded right.
+
+The corpus is generated from the shipped exercises (tests/grading/make_corpus.py); every row of
+issue 13's table is in it. Each of these fails on the old `check` (it trusted the notebook).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import nbformat
+import pytest
+from _grading_helpers import tiny_submission
+from make_corpus import EXPECTED, write
+
+from gpucourse.grading.grade import Options, grade
+from gpucourse.grading.sandbox import isolation
+
+ROOT = Path(__file__).resolve().parents[2]
+HAVE_BWRAP = isolation() == "bwrap"
+NO_BWRAP = "bwrap (Debian package bubblewrap) is not installed or does not work here"
+
+
+def _rows(path):
+    return json.loads(Path(path).read_text())["rows"]
+
+
+@pytest.fixture(scope="module")
+def graded_corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    subs = root / "subs"
+    write(subs)
+    out = root / "grades.json"
+    code = grade([str(subs)], release=str(ROOT / "exercises"), workers=2, json_path=str(out),
+                 csv_path=str(root / "grades.csv"), feedback=str(root / "feedback"),
+                 options=Options(cell_timeout=120, notebook_timeout=300))
+    return code, _rows(out), root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", sorted(EXPECTED))
+def test_corpus_row(graded_corpus, student):
+    _, rows, _ = graded_corpus
+    points, status, flags = EXPECTED[student]
+    mine = [r for r in rows if r["student"] == student]
+    assert mine, f"{student} has no row"
+    assert sum(r["points"] for r in mine) == points, mine
+    assert {r["status"] for r in mine} == {status}, mine
+    text = json.dumps(mine, ensure_ascii=False)
+    for flag in flags:
+        assert flag in text, (flag, mine)
+
+
+@pytest.mark.slow
+def test_corpus_exit_status_csv_and_feedback(graded_corpus):
+    code, rows, root = graded_corpus
+    assert code == 2                                  # unreadable submissions are input errors
+    header = (root / "grades.csv").read_text().splitlines()[0]
+    assert header == ("student,notebook,exercise,title,visible,hidden,points,max,hidden_points,"
+                      "hidden_max,seconds,error,restored,status")
+    feedback = (root / "feedback" / "deleted_check.md").read_text()
+    assert "00.1" in feedback and "deleted" in feedback and "NotImplementedError" in feedback
+
+
+def test_hidden_checks_points_and_feedback(tiny_release, tmp_path, capsys):
+    rel, sol = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "good", "return x * x")
+    # a plausible wrong answer: right on the visible check's small inputs, wrong on large ones
+    tiny_submission(subs, "planted", "return x * x if abs(x) < 100 else 0")
+    out = tmp_path / "g.json"
+    code = grade([str(subs)], release=str(rel), hidden_from=str(sol), workers=2, json_path=str(out),
+                 feedback=str(tmp_path / "fb"), options=Options(cell_timeout=60, notebook_timeout=120))
+    rows = {r["student"]: r for r in _rows(out)}
+    assert code == 1
+    assert rows["good"]["visible"] == "✓" and rows["good"]["hidden"] == "✓"
+    assert rows["good"]["points"] == 3 and rows["good"]["hidden_points"] == 3      # points metadata
+    assert rows["planted"]["visible"] == "✓" and rows["planted"]["hidden"] == "✗"
+    assert rows["planted"]["hidden_points"] == 0 and rows["planted"]["points"] == 3
+    fb = (tmp_path / "fb" / "planted.md").read_text()
+    assert "large inputs" in fb and "10**6" not in fb      # the message, never the hidden source
+
+
+def test_all_passed_exits_0_and_usage_exits_2(tiny_release, tmp_path):
+    rel, _ = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "good", "return x * x")
+    opts = Options(cell_timeout=60, notebook_timeout=120)
+    assert grade([str(subs)], release=str(rel), workers=1, options=opts) == 0
+    assert grade([str(tmp_path / "nope")], release=str(rel), options=opts) == 2
+    r = subprocess.run([sys.executable, "-m", "gpucourse", "grade", str(subs), "--workers", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--workers" in r.stderr
+
+
+def test_workers_are_concurrent_and_budget_holds(tiny_release, tmp_path):
+    rel, _ = tiny_release
+    subs = tmp_path / "subs"
+    for s in ("a", "b"):
+        tiny_submission(subs, s, "return x * x", extra=["import time\ntime.sleep(6)"])
+    tiny_submission(subs, "slow", "return x * x", extra=["import time\ntime.sleep(4)"] * 5, before=True)
+    out = tmp_path / "g.json"
+    started = time.monotonic()
+    grade([str(subs)], release=str(rel), workers=3, json_path=str(out),
+          options=Options(cell_timeout=60, notebook_timeout=12))
+    elapsed = time.monotonic() - started
+    rows = {r["student"]: r for r in _rows(out)}
+    assert rows["a"]["visible"] == rows["b"]["visible"] == "✓"
+    assert rows["slow"]["visible"] == "✗" and "budget of 12 s" in rows["slow"]["error"], rows["slow"]
+    # one after another, the grade would take the sum of the notebooks' times
+    walls = [n["wall_seconds"] for n in json.loads(out.read_text())["notebooks"]]
+    assert elapsed < 0.75 * sum(walls), f"{elapsed:.1f} s vs {walls}: the workers did not run at once"
+
+
+def test_huge_output_is_truncated_and_graded(tiny_release, tmp_path):
+    rel, _ = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "loud", "return x * x", extra=["print('x' * 100_000_000)"])
+    out = tmp_path / "g.json"
+    grade([str(subs)], release=str(rel), workers=1, json_path=str(out),
+          options=Options(cell_timeout=60, notebook_timeout=120))
+    row = _rows(out)[0]
+    assert row["visible"] == "✓", row
+
+
+def _alive(marker: str) -> list[int]:
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+                    pids.append(int(name))
+            except OSError:
+                pass
+    return pids
+
+
+ESCAPE = """import os, subprocess, time
+subprocess.Popen(["sleep", "{m1}"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", "{m2}"])
+    os._exit(0)
+time.sleep(0.5)"""
+
+
+@pytest.mark.parametrize("bwrap", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not HAVE_BWRAP, reason=NO_BWRAP))])
+def test_no_process_outlives_its_notebook(tiny_release, tmp_path, bwrap):
+    rel, _ = tiny_release
+    subs = tmp_path / "subs"
+    m1, m2 = f"600.{uuid.uuid4().int % 10**6}", f"601.{uuid.uuid4().int % 10**6}"
+    tiny_submission(subs, "escaper", "return x * x", extra=[ESCAPE.format(m1=m1, m2=m2)])
+    try:
+        grade([str(subs)], release=str(rel), workers=1,
+              options=Options(cell_timeout=60, notebook_timeout=120, use_bwrap=bwrap))
+        time.sleep(0.5)
+        assert _alive(m1) == [] and _alive(m2) == []
+    finally:
+        for p in _alive(m1) + _alive(m2):
+            os.kill(p, 9)
+
+
+@pytest.mark.skipif(not HAVE_BWRAP, reason=NO_BWRAP)
+def test_sandbox_blocks_other_files_outside_writes_and_network(tiny_release, tmp_path):
+    rel, _ = tiny_release
+    subs = tmp_path / "subs"
+    victim = tiny_submission(subs, "victim", "return x * x")
+    before = victim.read_bytes()
+    outside = tmp_path / "outside.txt"
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    attack = f"""import socket
+for path in [{str(victim)!r}, {str(outside)!r}]:
+    try:
+        open(path, "w").write("{{}}")
+    except OSError as e:
+        print("blocked", path, e)
+for host in ["127.0.0.1"] + socket.gethostbyname_ex(socket.gethostname())[2]:
+    try:
+        socket.create_connection((host, {port}), timeout=1).close()
+        print("connected", host)
+    except OSError as e:
+        print("no network", host, e)"""
+    tiny_submission(subs, "attacker", "return x * x", extra=[attack])
+    out = tmp_path / "g.json"
+    grade([str(subs)], release=str(rel), workers=2, json_path=str(out),
+          options=Options(cell_timeout=60, notebook_timeout=120))
+    rows = {r["student"]: r for r in _rows(out)}
+    assert rows["victim"]["visible"] == "✓" and victim.read_bytes() == before
+    assert not outside.exists()
+    with pytest.raises(socket.timeout):
+        server.accept()
+    server.close()
+
+
+def test_console_script_and_help():
+    script = Path(sys.executable).parent / "gpucourse"
+    if not script.exists():
+        pytest.skip("the gpucourse console script is not installed in this environment")
+    r = subprocess.run([str(script), "grade", "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0
+    for flag in ("--release", "--hidden", "--workers", "--csv", "--json", "--feedback", "--cell-timeout",
+                 "--notebook-timeout"):
+        assert flag in r.stdout
+
+
+def test_check_this_notebook_from_a_cell(tiny_release, tmp_path, monkeypatch, capsys):
+    import gpucourse as gc
+
+    rel, _ = tiny_release
+    path = tiny_submission(tmp_path / "subs", "me", "return x * x")
+    monkeypatch.setenv("JPY_SESSION_NAME", str(path))
+    assert gc.check_this_notebook() is True
+    out = capsys.readouterr().out
+    assert "99.1  ✓" in out and "1 of 1 checks pass" in out
+    bad = tiny_submission(tmp_path / "subs", "other", "return 0")
+    assert gc.check(bad) is False
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    with pytest.raises(RuntimeError, match="gc.check"):
+        gc.check_this_notebook()
+
+
+def test_shipped_exercises_look_unsolved_and_say_what_a_pass_prints():
+    from gpucourse.grading.exercises import check_hash
+
+    for path in sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        assert nb.metadata["gpucourse"]["chapter"] == path.name[:2]
+        text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        assert "python -m gpucourse check" not in text.replace(".venv/bin/python -m gpucourse check", "")
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: stored output"
+            if "check" in cell.metadata.get("tags", []):
+                meta = cell.metadata["gpucourse"]
+                assert meta["hash"] == check_hash(cell.source)
+                assert f"the check prints `{meta['exercise']} passed ✓`" in text or \
+                    f"check cell prints `{meta['exercise']} passed ✓`" in text
+
+
+def test_file_size_limit_applies_to_the_notebook(tiny_release, tmp_path):
+    from gpucourse.grading.grade import Submission, grade_notebook
+    from gpucourse.grading.restore import load_releases
+    from gpucourse.grading.sandbox import Limits
+
+    rel, _ = tiny_release
+    path = tiny_submission(tmp_path / "subs", "big", "return x * x",
+                           extra=["open('big.bin', 'wb').write(b'0' * 3_000_000)"])
+    g = grade_notebook(Submission("big", path, path.read_bytes()), load_releases(rel), hidden=None,
+                       options=Options(cell_timeout=60, notebook_timeout=120,
+                                       limits=Limits(file_bytes=1 << 20)),
+                       mode=isolation(), work_root=tmp_path)
+    assert g.rows[0].visible == "✓"
+    assert any("File too large" in err for _, err in g.others), g.others

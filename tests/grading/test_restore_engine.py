@@ -1,0 +1,126 @@
+"""Units of the grader: reading submissions, restoring checks, names a check relies on, output cap."""
+
+import itertools
+
+import nbformat
+import pytest
+from _grading_helpers import TINY
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from gpucourse.grading.engine import execute, names_used
+from gpucourse.grading.restore import NotANotebook, chapter_of, load_release, parse_notebook, restore
+
+
+@pytest.fixture
+def release(tiny_release):
+    return load_release(tiny_release[0] / TINY)
+
+
+def _sub(release, mutate=lambda cells: None):
+    nb = nbformat.from_dict(nbformat.from_dict(release.nb))
+    nb = nbformat.reads(nbformat.writes(nb), as_version=4)
+    mutate(nb.cells)
+    return nb
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"", "empty"), (b"\xff\xfe", "not UTF-8"), (b'{"cells": [', "not valid JSON"),
+    (b"[1, 2]", "not a Jupyter notebook"), (b'{"cells": [{"cell_type": "bogus"}], "nbformat": 4, '
+                                            b'"nbformat_minor": 5, "metadata": {}}', "not")])
+def test_bad_bytes_say_why(data, why):
+    with pytest.raises(NotANotebook, match=why):
+        parse_notebook(data)
+
+
+def test_untouched_submission_runs_the_release_checks(release):
+    run, slots, origin = restore(_sub(release), release)
+    assert [(s.id, s.kind, s.edited, s.deleted, s.missing) for s in slots] == [
+        ("99.1", "visible", False, False, False)]
+    assert run.cells[slots[0].index].source == release.checks["99.1"].source
+    assert origin == list(range(len(release.nb.cells)))
+
+
+def test_edited_check_is_restored_and_flagged(release):
+    def edit(cells):
+        cells[2].source = "# Check 99.1 — square\nprint('99.1 passed ✓')"
+        cells[2].metadata = {}                          # tags dropped too: found by its header
+    run, slots, _ = restore(_sub(release, edit), release)
+    assert slots[0].edited and run.cells[slots[0].index].source == release.checks["99.1"].source
+
+
+def test_deleted_check_is_put_back_in_its_section(release):
+    def delete(cells):
+        del cells[2]
+        cells.append(new_markdown_cell("## Notes\nmy notes"))
+        cells.append(new_code_cell("# Check 42.1 — made up\nprint('42.1 passed ✓')",
+                                   metadata={"tags": ["check"]}))
+    run, slots, origin = restore(_sub(release, delete), release)
+    assert slots[0].deleted and not slots[0].missing
+    assert slots[0].index == 2 and origin[2] is None    # after the exercise's cells, before the notes
+    assert len(slots) == 1                              # the made-up check is not graded
+
+
+def test_exercise_absent_everywhere_is_missing(release):
+    def remove(cells):
+        del cells[:]
+        cells.append(new_code_cell("x = 1"))
+    _, slots, _ = restore(_sub(release, remove), release)
+    assert slots[0].missing and slots[0].deleted
+
+
+def test_duplicate_check_cells_only_first_is_graded_and_hidden_cells_dropped(release):
+    def dup(cells):
+        cells.insert(2, new_code_cell("# Check 99.1 — mine\nprint('99.1 passed ✓')"))
+        cells.append(new_code_cell("# Hidden 99.1 — fake\npass", metadata={"tags": ["hidden"]}))
+    hidden = {"99.1": [("large", "assert square(10**6) == 10**12")]}
+    run, slots, origin = restore(_sub(release, dup), release, hidden=hidden,
+                                 nonce=lambda c=itertools.count(): f"n{next(c)}")
+    assert [s.kind for s in slots] == ["visible", "hidden"]
+    assert slots[1].index == slots[0].index + 1
+    assert "fake" not in "".join(c.source for c in run.cells)
+    assert run.cells[slots[0].index].source.endswith(".ran('n0')")
+
+
+def test_chapter_comes_from_the_content():
+    nb = new_notebook(cells=[new_markdown_cell("## Exercise 03.1 — x"), new_markdown_cell("## Exercise 03.2")])
+    assert chapter_of(nb, "00_setup_exercises.ipynb") == ("03", "00")
+    assert chapter_of(new_notebook(), "alice.ipynb") == (None, None)
+
+
+def test_names_used_by_checks():
+    names = names_used(["import torch\nout = gc.balanced_chunk_sizes(8, 2, 3)\n"
+                        "torch.testing.assert_close(F.softmax(x, 0), y)\nfoo.bar()"])
+    assert {"gc.balanced_chunk_sizes", "F.softmax", "torch.testing.assert_close", "torch.allclose",
+            "torch.equal"} <= set(names)
+    assert not any(n.startswith("foo") for n in names)
+
+
+def test_output_is_cut_in_the_kernel_and_status_is_the_reply():
+    nb = new_notebook(cells=[
+        new_code_cell("print('x' * 5_000_000)"),
+        new_code_cell("get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)\n"),
+        new_code_cell("1 / 0"),
+        new_code_cell("print('still runs')"),
+    ])
+    record = execute(nb, names=[], cwd=".", cell_timeout=60, notebook_timeout=120, output_limit=1000)
+    text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert len(text) < 2000 and "[output truncated by the grader after 1000 characters]" in text
+    assert [c["status"] for c in record["cells"]] == ["ok", "ok", "error", "ok"]
+    assert not any(o.output_type == "error" for o in nb.cells[2].outputs)    # the display was hidden
+    assert record["cells"][2]["error"].startswith("ZeroDivisionError")       # the reply was not
+
+
+def test_the_shepherd_loads_grading_without_torch():
+    """The sandbox's shepherd imports gpucourse/grading on its own: no torch, no other part."""
+    import subprocess
+    import sys
+
+    from gpucourse.grading.sandbox import _BOOT, _GRADING_DIR
+
+    code = _BOOT.replace("from gpucourse_grading.sandbox import shepherd_main; shepherd_main()",
+                         "import gpucourse_grading.grade, gpucourse_grading.nbgrader; "
+                         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+                         "('torch', 'gpucourse')))")
+    r = subprocess.run([sys.executable, "-c", code, str(_GRADING_DIR)], capture_output=True, text=True,
+                       timeout=120, check=True)
+    assert r.stdout.strip() == "[]", r.stdout
