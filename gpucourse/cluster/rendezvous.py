@@ -25,6 +25,7 @@ processes with the same rank, a ``file://`` left over from an earlier run.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 import socket
 import time
@@ -232,9 +233,11 @@ def _make_store(method: InitMethod, rank: int, world_size: int, join_timeout: fl
             f"this machine ({socket.gethostname()}). Rank 0 hosts the store, so start rank 0 "
             "(--node_rank=0) on the machine whose address you give as master address")
     try:
+        # TCPStore alone listens on every interface; for a loopback URL rank 0 listens there only
+        listen_fd = _loopback_listener(method.host, method.port) if rank == 0 else None
         store = dist.TCPStore(method.host, method.port, world_size, is_master=(rank == 0),
-                              timeout=td, wait_for_workers=False)
-    except RuntimeError as e:
+                              timeout=td, wait_for_workers=False, master_listen_fd=listen_fd)
+    except (RuntimeError, OSError) as e:
         text = str(e)
         if rank == 0 and ("EADDRINUSE" in text or "already in use" in text):
             raise RuntimeError(
@@ -252,6 +255,31 @@ def _make_store(method: InitMethod, rank: int, world_size: int, join_timeout: fl
                 "it") from None
         raise
     return store, "tcp"
+
+
+def _int_from_env(name: str) -> int:
+    raw = os.environ[name].strip()
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer (env:// reads {name} from the "
+                         "environment; torchrun sets it)") from None
+
+
+def _loopback_listener(host: str, port: int) -> int | None:
+    """A socket listening on ``host:port`` when ``host`` is a loopback address, else ``None``."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return None
+    if not loopback:
+        return None
+    host = "127.0.0.1" if host == "localhost" else host
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        return sock.detach()    # the store owns it from now on (and closes it)
 
 
 def _join(store, rank: int, world_size: int, join_timeout: float, fresh_keys: int | None,
@@ -419,8 +447,8 @@ def checked_init_process_group(backend: str = "gloo", init_method: str | None = 
                                  "rank=/world_size=)")
             method = parse_init_method(f"tcp://{os.environ['MASTER_ADDR']}:"
                                        f"{os.environ['MASTER_PORT']}")
-            rank = int(os.environ["RANK"]) if rank is None else rank
-            world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+            rank = _int_from_env("RANK") if rank is None else rank
+            world_size = _int_from_env("WORLD_SIZE") if world_size is None else world_size
     for name, value in (("rank", rank), ("world_size", world_size)):
         if value is None:
             raise ValueError(f"{name} must be given with this init_method")

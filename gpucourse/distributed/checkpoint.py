@@ -35,6 +35,7 @@ def _atomic_save(obj, path: str) -> None:
     # the temporary file must be in the same folder: a rename is only atomic within a file system
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())          # mkstemp makes it 0600; torch.save would not
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
@@ -50,6 +51,17 @@ def _atomic_save(obj, path: str) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _umask() -> int:
+    """This process's umask (read without changing it where Linux allows)."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
 
 
 def save_checkpoint(obj, path: str | os.PathLike, *, group=None) -> None:
@@ -90,6 +102,9 @@ def save_checkpoint(obj, path: str | os.PathLike, *, group=None) -> None:
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ValueError(f"path {path!r} is a directory; give a file name such as {path!r}/ckpt.pt")
+    if not path or path.endswith(("/", os.sep)):
+        raise ValueError(f"path must name a file, got {path!r}; give a file name such as "
+                         f"{os.path.join(path or '.', 'ckpt.pt')!r}")
     if not _in_group():
         _atomic_save(obj, path)
         return

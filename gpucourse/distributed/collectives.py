@@ -28,6 +28,7 @@ implementation and the lesson's diagrams use it.
 
 from __future__ import annotations
 
+import pickle
 
 import torch
 import torch.distributed as dist
@@ -104,6 +105,55 @@ def _group_info(group):
     return rank, world_size, global_rank
 
 
+def _same_on_every_rank(what: str, mine, group, describe=str, *, point_to_point=None) -> None:
+    """Raise ``ValueError`` on *every* rank unless all ranks pass the same ``mine``.
+
+    A collective over mismatched tensors does not fail cleanly: gloo aborts the process (SIGABRT)
+    or a receive waits forever. One small exchange first lets every rank see every rank's value,
+    so they all raise the same error instead. ``point_to_point``: ``(rank, world_size,
+    global_rank, batched, device)`` to exchange with send/recv only (for :func:`ring_all_reduce`,
+    which uses no collective); otherwise ``dist.all_gather_object``.
+    """
+    if point_to_point is None:
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, mine, group=group)
+    else:
+        everyone = _objects_by_point_to_point(mine, group, *point_to_point)
+    if any(other != mine for other in everyone):
+        if isinstance(mine, list):   # a long list (a model's tensors): show the first difference
+            i = next(i for i in range(max(map(len, everyone))) if len({repr(v[i:i + 1]) for v in everyone}) > 1)
+            what, everyone = f"{what} (entry {i})", [v[i] if i < len(v) else "nothing" for v in everyone]
+        listed = ", ".join(f"rank {r}: {describe(v)}" for r, v in enumerate(everyone))
+        raise ValueError(f"{what} must be the same on every rank, got {listed}")
+
+
+def _objects_by_point_to_point(obj, group, rank, p, global_rank, batched, device) -> list:
+    """Every rank's ``obj`` (small, picklable), sent to every other rank with send/recv only:
+    first the sizes of the pickled bytes, then the bytes."""
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    sizes = [torch.tensor([data.numel()], device=device) if r == rank
+             else torch.zeros(1, dtype=torch.int64, device=device) for r in range(p)]
+    _send_mine_receive_theirs(sizes, group, rank, global_rank, batched)
+    parts = [data if r == rank else torch.empty(int(sizes[r].item()), dtype=torch.uint8, device=device)
+             for r in range(p)]
+    _send_mine_receive_theirs(parts, group, rank, global_rank, batched)
+    return [pickle.loads(t.cpu().numpy().tobytes()) for t in parts]
+
+
+def _send_mine_receive_theirs(bufs, group, rank, global_rank, batched) -> None:
+    """``bufs[rank]`` goes to every other rank; ``bufs[q]`` is filled from rank ``q``."""
+    peers = [q for q in range(len(bufs)) if q != rank]
+    if batched:   # NCCL: all in one group, as in the ring itself
+        ops = [dist.P2POp(dist.isend, bufs[rank], global_rank(q), group) for q in peers]
+        ops += [dist.P2POp(dist.irecv, bufs[q], global_rank(q), group) for q in peers]
+        works = dist.batch_isend_irecv(ops)
+    else:
+        works = [dist.isend(bufs[rank], global_rank(q), group=group) for q in peers]
+        works += [dist.irecv(bufs[q], global_rank(q), group=group) for q in peers]
+    for w in works:
+        w.wait()
+
+
 def _flat_real_view(contiguous: torch.Tensor) -> torch.Tensor:
     """A 1-D view of a contiguous tensor; complex numbers become pairs of reals (a sum is a sum)."""
     if contiguous.is_complex():
@@ -122,7 +172,9 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
 
     Same result as ``dist.all_reduce(tensor)`` (up to floating-point rounding order), built only
     from ``dist.isend``/``dist.irecv``: a reduce-scatter and an all-gather around the ring, see
-    :func:`ring_schedule`. Every rank must call it with a tensor of the same shape and dtype.
+    :func:`ring_schedule`. Every rank must call it with a tensor of the same shape and dtype (the
+    ranks compare them first, with two small rounds of send/recv, and all raise ``ValueError``
+    if they differ).
 
     Two transports for the same plan:
 
@@ -163,9 +215,15 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
     _check_tensor(tensor)
     check_int("segment_bytes", segment_bytes, 1)
     rank, p, global_rank = _group_info(group)
-    if p == 1 or tensor.numel() == 0:
+    if p == 1:
         return tensor
     batched = dist.get_backend(group) != "gloo" if _batched is None else _batched
+    _same_on_every_rank("ring_all_reduce: the tensor's shape and dtype",
+                        (tuple(tensor.shape), str(tensor.dtype)), group,
+                        lambda v: f"{v[0]} {v[1].replace('torch.', '')}",
+                        point_to_point=(rank, p, global_rank, batched, tensor.device))
+    if tensor.numel() == 0:
+        return tensor
     contiguous = tensor if tensor.is_contiguous() else tensor.contiguous()
     work = _flat_real_view(contiguous)                      # (N,) a view of `contiguous`
     right, left = global_rank((rank + 1) % p), global_rank((rank - 1) % p)

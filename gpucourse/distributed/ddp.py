@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from .collectives import _same_on_every_rank
 from .ddp_trace import StepTrace
 
 __all__ = ["MiniDDP", "average_gradients"]
@@ -156,6 +158,11 @@ class MiniDDP(nn.Module):
         if len(devices) > 1:
             raise ValueError(f"all parameters must be on one device (one device per process), got "
                              f"{sorted(map(str, devices))}")
+        # 0) the same model everywhere (torch's DDP checks it too): tensors whose shapes differ
+        #    between ranks would make the broadcasts below wait forever
+        _same_on_every_rank("MiniDDP: the model's parameters and buffers (name, shape)",
+                            [(n, tuple(t.shape)) for n, t in [*module.named_parameters(),
+                                                              *module.named_buffers()]], process_group)
         # 1) same start everywhere: rank 0's parameters and buffers overwrite everyone's
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:

@@ -27,7 +27,7 @@ from enum import Enum
 
 import torch
 
-from ..runtime import check_int
+from ..runtime import check_int, check_number
 
 __all__ = ["LossScaler", "update_scale", "activation_gradients"]
 
@@ -81,6 +81,8 @@ def update_scale(scale: float, growth_tracker: int, found_inf: bool, *, growth_f
         but halves on every overflow. A scale that keeps falling below 1 means the gradients are
         inf/NaN for a reason scaling cannot fix (a bug, a bad batch, a too-high learning rate).
     """
+    check_number("scale", scale, minimum=0)          # the current loss scale: finite, not NaN
+    check_int("growth_tracker", growth_tracker, 0)    # clean steps in a row
     if found_inf:
         return _to_fp32(scale * backoff_factor), 0
     successful = growth_tracker + 1

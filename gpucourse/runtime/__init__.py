@@ -2,7 +2,9 @@
 
 Nothing here imports another part of ``gpucourse``; every part may import from here.
 
-- ``launcher``  ``launch(fn, nprocs)``: ranks as processes, from a script or a notebook cell
+- ``launcher``  ``launch(fn, nprocs)``: ranks as processes, from a script or a notebook cell; its
+  plumbing: ``processes`` (fork/spawn, start, stop), ``rank_process`` (inside a rank),
+  ``process_tree`` (every descendant), ``ports`` (the loopback store), ``rank_output``
 - ``devices``   ``CUDA_VISIBLE_DEVICES`` remapping, CPU "virtual devices", ``default_backend()``
 - ``timing``    warm-up, repeats, median and ratios to a baseline
 - ``printing``  rank-aware printing in rank order

@@ -44,16 +44,23 @@ class Timing:
 
     @property
     def median(self) -> float:
-        return statistics.median(self.times)
+        return statistics.median(self._measured())
 
     @property
     def best(self) -> float:
-        return min(self.times)
+        return min(self._measured())
 
     @property
     def spread(self) -> float:
         """(max - min) / median: how much the repeats disagree."""
-        return (max(self.times) - min(self.times)) / self.median if self.median > 0 else 0.0
+        times = self._measured()
+        return (max(times) - min(times)) / self.median if self.median > 0 else 0.0
+
+    def _measured(self) -> list[float]:
+        if not self.times:
+            raise ValueError(f"Timing {self.name!r} has no measurements: make it with "
+                             "gc.measure(fn), or give it times=[seconds, ...]")
+        return self.times
 
     def __str__(self) -> str:
         return f"{self.name}: {_human(self.median)} (median of {len(self.times)}, spread {self.spread:.0%})"
@@ -105,6 +112,9 @@ def speedup(baseline: Timing, other: Timing) -> float:
         >>> speedup(Timing("serial", [2.0, 2.2, 1.9]), Timing("parallel", [1.0, 1.1, 0.9]))
         2.0
     """
+    if other.median <= 0:
+        raise ValueError(f"speedup: {other.name!r} took {other.median} s, too little to divide by; "
+                         "time more work per call")
     return baseline.median / other.median
 
 

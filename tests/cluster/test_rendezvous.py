@@ -274,3 +274,14 @@ def test_initialising_twice_says_destroy_first():
 
 def test_fresh_store_key_counts_are_small():
     assert 0 <= _fresh_key_count("tcp") <= 2 and 0 <= _fresh_key_count("file") <= 2
+
+
+@pytest.mark.parametrize("name", ["RANK", "WORLD_SIZE"])
+def test_env_rendezvous_names_a_variable_that_is_not_an_integer(monkeypatch, name):
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(gc.free_port())}
+    env[name] = "two"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValueError, match=f"^{name}='two' is not an integer"):
+        gc.checked_init_process_group("gloo", join_timeout=5)
+    assert not dist.is_initialized()

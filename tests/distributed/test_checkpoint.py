@@ -125,3 +125,57 @@ def test_a_failed_save_on_rank_0_reaches_every_rank_at_once(tmp_path):
     for name, message in results[1:]:
         assert name == "RuntimeError" and "rank 0 failed to save the checkpoint" in message
     assert not os.path.exists(path) and os.listdir(tmp_path) == []  # no half-written file left
+
+
+def test_an_empty_path_is_rejected_before_anything_is_written(tmp_path, monkeypatch):
+    import gpucourse.distributed.checkpoint as checkpoint
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    made = []
+    real_mkstemp = checkpoint.tempfile.mkstemp
+    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", lambda **kw: made.append(kw) or real_mkstemp(**kw))
+    for path in ("", "sub/"):
+        with pytest.raises(ValueError, match="path must name a file"):
+            gc.save_checkpoint({"w": torch.ones(1)}, path)
+    assert made == [] and sorted(p.name for p in tmp_path.rglob("*")) == ["work"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_checkpoint_file_mode_follows_the_umask_like_torch_save(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        gc.save_checkpoint({"w": torch.ones(1)}, tmp_path / "ours.pt")
+        torch.save({"w": torch.ones(1)}, tmp_path / "torch.pt")
+    finally:
+        os.umask(old)
+    mode = lambda p: (tmp_path / p).stat().st_mode & 0o777  # noqa: E731
+    assert mode("ours.pt") == mode("torch.pt") == 0o666 & ~umask
+
+
+def test_every_torch_load_in_the_repository_is_weights_only():
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    call = re.compile(r"torch\.load\(")
+    bad = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if rel.parts[0] in (".git", ".venv", "data") or path.suffix not in (".py", ".ipynb"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".ipynb":   # code cells only: prose may name torch.load
+            text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"]
+                             if c["cell_type"] == "code")
+        for m in call.finditer(text):
+            depth, end = 0, m.end() - 1                       # the call's closing parenthesis
+            for end in range(m.end() - 1, len(text)):
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            if "weights_only" not in text[m.start():end]:
+                bad.append(f"{rel}: {text[m.start():end + 1]}")
+    assert bad == [], bad

@@ -232,3 +232,38 @@ def test_all_reduce_timings_returns_checked_timings():
     assert all(len(x.times) == 2 and x.median > 0 for x in t.values())
     with pytest.raises(ValueError, match="subset"):
         gc.all_reduce_timings(2, implementations=("nccl",))
+
+
+def _mismatched_ring(rank, world_size, how):
+    g = torch.Generator().manual_seed(rank)
+    if how == "numel":       # gloo used to abort the process (SIGABRT)
+        t = torch.randn(5 + rank, generator=g)
+    elif how == "shape":     # same size, other shape: the sum would be silently meaningless
+        t = torch.randn((2, 3) if rank == 0 else (3, 2), generator=g)
+    else:                    # dtype
+        t = torch.randn(4, generator=g, dtype=torch.float32 if rank == 0 else torch.float64)
+    try:
+        gc.ring_all_reduce(t)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("how", ["numel", "shape", "dtype"])
+def test_ring_all_reduce_with_shapes_differing_between_ranks_raises_on_every_rank(how):
+    out = gc.launch(_mismatched_ring, 3, args=(how,), timeout=60)
+    assert all(msg is not None and "must be the same on every rank" in msg for msg in out), out
+    assert len(set(out)) == 1                     # the same message everywhere, naming every rank
+    assert "rank 0: " in out[0] and "rank 2: " in out[0]
+
+
+def _same_shape_after_check(rank, world_size):
+    t = torch.randn(7, generator=torch.Generator().manual_seed(rank))
+    ref = t.clone()
+    dist.all_reduce(ref)
+    gc.ring_all_reduce(t)
+    return torch.equal(t, ref) or torch.allclose(t, ref)
+
+
+def test_the_shape_check_keeps_matching_calls_working():
+    assert gc.launch(_same_shape_after_check, 3) == [True] * 3

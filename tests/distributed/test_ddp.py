@@ -242,3 +242,19 @@ def _plot_worker(rank, world_size):
     model = gc.MiniDDP(gc.MLP(32, 64, 8), bucket_cap_mb=0.005, trace=True)
     model(torch.randn(4, 32)).sum().backward()
     return model.traces
+
+
+def _different_models(rank, world_size, bucket_cap_mb):
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2 + rank))  # rank 1: one output more
+    try:
+        gc.MiniDDP(model, bucket_cap_mb=bucket_cap_mb)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 1])
+def test_a_different_model_per_rank_raises_at_construction_on_every_rank(bucket_cap_mb):
+    out = gc.launch(_different_models, 2, args=(bucket_cap_mb,), timeout=60)   # used to hang
+    assert all(m is not None and "must be the same on every rank" in m for m in out), out
+    assert "('2.weight', (2, 8))" in out[0] and "('2.weight', (3, 8))" in out[0]

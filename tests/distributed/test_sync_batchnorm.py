@@ -41,3 +41,17 @@ def test_without_a_group_and_bad_input():
         gc.sync_batch_stats(torch.randn(5))
     with pytest.raises(TypeError, match="floating-point"):
         gc.sync_batch_stats(torch.ones(2, 2, dtype=torch.int64))
+
+
+def _channels_differ(rank, world_size):
+    x = torch.randn(4, 3 + rank)              # rank 1 has one channel more
+    try:
+        gc.sync_batch_stats(x)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_channels_differing_between_ranks_raise_on_every_rank():
+    out = gc.launch(_channels_differ, 2, timeout=60)
+    assert all(m is not None and "x.shape[1]" in m and "rank 1: 4" in m for m in out), out

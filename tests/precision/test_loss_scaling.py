@@ -375,3 +375,10 @@ def test_cuda_fp16_same_as_gradscaler():
         out.append((scales, [p.detach().cpu() for p in model.parameters()]))
     assert out[0][0] == out[1][0]
     assert all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1]))
+
+
+@pytest.mark.parametrize("scale, tracker", [(float("nan"), 0), (float("inf"), 0), (-1.0, 0), ("1", 0),
+                                            (1024.0, -1), (1024.0, 1.5)])
+def test_update_scale_rejects_what_is_not_a_scale(scale, tracker):
+    with pytest.raises((TypeError, ValueError), match="scale must be|growth_tracker must be"):
+        update_scale(scale, tracker, False)

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import gpucourse as gc
 import gpucourse.runtime.launcher as launch_mod
+import gpucourse.runtime.processes as processes_mod
 
 import _launch_targets
 from _processes import wait_gone
@@ -278,19 +279,30 @@ def test_function_defined_in_main_script_works(tmp_path):
 # --- start method choice ---------------------------------------------------------------------
 
 def test_spawn_path_runs_importable_functions(monkeypatch):
-    monkeypatch.setattr(launch_mod, "_choose_start_method", lambda fn: "spawn")
+    monkeypatch.setattr(launch_mod, "choose_start_method", lambda fn, backend: "spawn")
     assert gc.launch(_launch_targets.rank_sum, 2) == [1.0, 1.0]
 
 
 def test_cuda_initialised_parent_uses_spawn_or_explains(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert launch_mod._choose_start_method(_launch_targets.rank_sum) == "spawn"
+    assert processes_mod.choose_start_method(_launch_targets.rank_sum) == "spawn"
 
     def local_fn(rank, world_size):
         return rank
 
+    assert processes_mod.choose_start_method(local_fn) == "spawn"   # sent by value (cloudpickle)
+    monkeypatch.setattr(processes_mod, "_has_cloudpickle", lambda: False)
     with pytest.raises(RuntimeError, match="move the function into a .py file"):
-        launch_mod._choose_start_method(local_fn)
+        processes_mod.choose_start_method(local_fn)
+
+
+def test_nccl_or_a_loaded_cuda_driver_means_spawn(monkeypatch):
+    fn = lambda r, w: r  # noqa: E731 - a lambda, as in a notebook cell
+    assert processes_mod.choose_start_method(fn, "gloo") == "fork"
+    assert processes_mod.choose_start_method(fn, "nccl") == "spawn"
+    monkeypatch.setattr(processes_mod, "_cuda_driver_loaded", lambda: True)
+    assert processes_mod.choose_start_method(fn, "gloo") == "spawn"
+    assert "torch.cuda.is_available()" in processes_mod.why_not_fork("gloo")
 
 
 def test_refuses_when_parent_already_has_a_process_group(monkeypatch):

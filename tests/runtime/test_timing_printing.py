@@ -45,3 +45,12 @@ def test_print_ordered_in_rank_order(capsys):
     # rank 0 printed everything; launch prefixes the printing rank
     assert lines == ["[rank 0] [rank 0] loss 0.0", "[rank 0] [rank 1] loss 0.1",
                      "[rank 0] [rank 2] loss 0.2", "[rank 0] only once"]
+
+
+def test_speedup_of_timings_without_measurements_says_so():
+    with pytest.raises(ValueError, match="'b' has no measurements"):
+        gc.speedup(gc.Timing("a", [1.0]), gc.Timing("b"))
+    with pytest.raises(ValueError, match="has no measurements"):
+        gc.speedup(gc.Timing("a"), gc.Timing("b"))
+    with pytest.raises(ValueError, match="too little to divide by"):
+        gc.speedup(gc.Timing("a", [1.0]), gc.Timing("b", [0.0]))
