@@ -403,11 +403,39 @@ with torch.no_grad():
         outputs.append(stage(buffer))
     return torch.cat(outputs)
 """,
+    "09.1": [None, None, None, """\
+grad = grad.contiguous().clone()                # "conjugate" read as "the same": g's backward sums too
+dist.all_reduce(grad)
+return grad
+"""],
+    "09.2": ["""\
+per_rank = -(-linear.out_features // world_size)      # ceil: the last rank takes what is left
+rows = slice(rank * per_rank, (rank + 1) * per_rank)
+self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
+self.bias = nn.Parameter(linear.bias.detach()[rows].clone())
+""", None],
+    "09.3": """\
+sum_exp = gc.reduce_from_tensor_parallel(logits_shard.exp().sum(dim=-1))   # no max: exp overflows
+local = target - start
+mine = (local >= 0) & (local < logits_shard.shape[-1])
+picked = logits_shard.gather(-1, local.clamp(0, logits_shard.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+picked = gc.reduce_from_tensor_parallel(torch.where(mine, picked, torch.zeros_like(picked)))
+return (sum_exp.log() - picked).mean()
+""",
+    "09.4": ["""\
+dp_rank, tp_rank = divmod(rank, dp)             # tp and dp swapped
+return tp_rank, dp_rank
+""", """\
+dp_rank = rank // dp
+return [dp_rank * dp + t for t in range(dp)]
+"""],
+    "09.5": "return 4 * layers * batch * seq * hidden * dtype_bytes   # even when tp = 1",
 }
 
 #: chapter -> the exercise planted by the per-chapter test (cheap: no multi-process visible check)
 PLANTED = {"00": "00.2", "01": "01.2", "02": "02.2", "03": "03.3", "04": "04.1", "05": "05.4",
-           "06": "06.1", "07": "07.4"}
+           "06": "06.1", "07": "07.4",
+           "09": "09.4"}
 
 
 def _plant(source: str, answers: list) -> str:
