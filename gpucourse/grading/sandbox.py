@@ -100,9 +100,17 @@ def _rlimits(limits: dict, running: int) -> None:
 
 
 def _bwrap_argv(work: Path, hide: list[Path]) -> list[str]:
-    argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--tmpfs", "/run"]
+    private = ("/tmp", "/dev/shm", "/run")
+    argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    for d in private:
+        argv += ["--tmpfs", d]
     keep = {Path(sys.prefix).resolve(), _GRADING_DIR.parent.parent}
+    # the course and its environment stay visible (read-only) even when they live under one of the
+    # private folders — a CI checkout in /tmp, a venv in /run/… — or the kernel could not start
+    needed = keep | {Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent}
+    for path in sorted(needed, key=lambda q: len(q.parts)):
+        if path.exists() and any(path == Path(d) or Path(d) in path.parents for d in private):
+            argv += ["--ro-bind", str(path), str(path)]
     for h in hide:
         h = h.resolve()
         if h.exists() and not any(k == h or h in k.parents for k in keep) and str(h) != "/":

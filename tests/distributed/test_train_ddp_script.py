@@ -16,7 +16,9 @@ def _torchrun(*args, nproc=2):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            str(SCRIPT), "--size", "256", "--batch-size", "32", "--no-augment", "--time-limit", "120",
            *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, check=True)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    assert run.returncode == 0, f"torchrun exited {run.returncode}:\n{run.stdout}\n{run.stderr[-4000:]}"
+    return run
 
 
 def test_torchrun_two_processes_checkpoint_and_resume(tmp_path):
