@@ -33,7 +33,7 @@ import pickle
 import torch
 import torch.distributed as dist
 
-from ..runtime import check_int
+from ..runtime import check_int, group_info
 
 __all__ = ["ring_schedule", "ring_all_reduce", "naive_all_reduce"]
 
@@ -87,22 +87,6 @@ def _check_tensor(tensor) -> None:
                         "(e.g. tensor.to(torch.int32))")
     if tensor.is_sparse or tensor.layout != torch.strided:
         raise TypeError(f"tensor must be a dense (strided) tensor, got layout {tensor.layout}")
-
-
-def _group_info(group):
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("no process group: call torch.distributed.init_process_group() first "
-                           "(torchrun or gc.launch do it for you)")
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise RuntimeError("this process is not a member of the given group; only its members may "
-                           "call the collective")
-    world_size = dist.get_world_size(group)
-
-    def global_rank(group_rank: int) -> int:
-        return group_rank if group is None else dist.get_global_rank(group, group_rank)
-
-    return rank, world_size, global_rank
 
 
 def _same_on_every_rank(what: str, mine, group, describe=str, *, point_to_point=None) -> None:
@@ -214,7 +198,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
     """
     _check_tensor(tensor)
     check_int("segment_bytes", segment_bytes, 1)
-    rank, p, global_rank = _group_info(group)
+    rank, p, global_rank = group_info(group)
     if p == 1:
         return tensor
     batched = dist.get_backend(group) != "gloo" if _batched is None else _batched
@@ -342,7 +326,7 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
         link equally busy.
     """
     _check_tensor(tensor)
-    rank, p, global_rank = _group_info(group)
+    rank, p, global_rank = group_info(group)
     if p == 1 or tensor.numel() == 0:
         return tensor
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -361,6 +345,5 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     if work is not tensor:
         tensor.copy_(work)
     return tensor
-
 
 

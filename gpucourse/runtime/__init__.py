@@ -15,6 +15,7 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 
 from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units
 from .devices import cpu_cores, default_backend, virtual_devices, visible_devices
+from .groups import group_info
 from .launcher import WorkerError, free_port, launch
 from .ports import listen_on
 from .printing import print0, print_ordered, rank_prefix
@@ -22,7 +23,7 @@ from .timing import Timing, format_comparison, measure, speedup
 from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
 
 __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cores", "default_backend",
-           "virtual_devices", "visible_devices", "WorkerError", "free_port", "launch", "listen_on",
-           "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison", "measure",
-           "speedup", "check_choice", "check_int", "check_number", "check_positive", "check_tensor",
-           "check_type"]
+           "virtual_devices", "visible_devices", "WorkerError", "free_port", "group_info", "launch",
+           "listen_on", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
+           "measure", "speedup", "check_choice", "check_int", "check_number", "check_positive",
+           "check_tensor", "check_type"]

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import ring_schedule
-from ..runtime import validate
+from ..runtime import group_info, validate
 
 __all__ = ["all_gather", "reduce_scatter", "shard_size"]
 
@@ -45,20 +45,6 @@ def shard_size(numel: int, world_size: int) -> int:
 
 # --- the two phases, in place on a flat buffer of p equal chunks -------------------------------
 
-def _group_info(group):
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("no process group: call torch.distributed.init_process_group() first "
-                           "(torchrun or gc.launch do it for you)")
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise RuntimeError("this process is not a member of the given group; only its members may "
-                           "call the collective")
-
-    def global_rank(group_rank: int) -> int:
-        return group_rank if group is None else dist.get_global_rank(group, group_rank)
-
-    return rank, dist.get_world_size(group), global_rank
-
 
 #: chunks travel in segments of this many bytes: adding one segment overlaps receiving the next
 SEGMENT_BYTES = 4 << 20
@@ -71,7 +57,7 @@ def _ring_phase(buf: torch.Tensor, group, phase: str, segment_bytes: int | None 
     chunks hold partial sums). ``"all-gather"``: chunk ``rank`` is sent around; afterwards every
     chunk holds its owner's values.
     """
-    rank, p, global_rank = _group_info(group)
+    rank, p, global_rank = group_info(group)
     if p == 1 or buf.numel() == 0:
         return buf
     chunks = buf.view(p, -1)                              # (p, S): row i is chunk i
@@ -102,7 +88,7 @@ def _ring_phase(buf: torch.Tensor, group, phase: str, segment_bytes: int | None 
 
 def _reduce_scatter_flat(buf: torch.Tensor, group=None) -> torch.Tensor:
     """In place on a padded flat buffer; returns this rank's chunk (a view, now the full sum)."""
-    rank, p, _ = _group_info(group)
+    rank, p, _ = group_info(group)
     _ring_phase(buf, group, "reduce-scatter")
     return buf.view(p, -1)[rank]
 
@@ -114,7 +100,7 @@ def _all_gather_flat(buf: torch.Tensor, group=None) -> torch.Tensor:
 
 def _same_on_every_rank(name: str, value, group) -> None:
     """Raise the same ``ValueError`` on every rank when ``value`` differs between ranks."""
-    _, p, _ = _group_info(group)
+    _, p, _ = group_info(group)
     if p == 1:
         return
     values = [None] * p
@@ -163,7 +149,7 @@ def reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
         waiting until the group's timeout.
     """
     _check_input("tensor", tensor)
-    _, p, _ = _group_info(group)
+    _, p, _ = group_info(group)
     _same_on_every_rank("tensor shape and dtype", (tuple(tensor.shape), str(tensor.dtype)), group)
     n, s = tensor.numel(), shard_size(tensor.numel(), p)
     buf = torch.zeros(p * s, dtype=tensor.dtype, device=tensor.device)   # (p·S,) padded copy
@@ -198,7 +184,7 @@ def all_gather(shard: torch.Tensor, group=None) -> torch.Tensor:
         storage order. The shard is copied into a contiguous buffer first.
     """
     _check_input("shard", shard)
-    rank, p, _ = _group_info(group)
+    rank, p, _ = group_info(group)
     _same_on_every_rank("shard shape and dtype", (tuple(shard.shape), str(shard.dtype)), group)
     piece = shard.reshape(1) if shard.dim() == 0 else shard
     out = torch.empty((p * piece.shape[0], *piece.shape[1:]), dtype=shard.dtype, device=shard.device)

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime import validate
-from .collectives import _all_gather_flat, _group_info, _reduce_scatter_flat, _same_on_every_rank, shard_size
+from ..runtime import group_info, validate
+from .collectives import _all_gather_flat, _reduce_scatter_flat, _same_on_every_rank, shard_size
 
 __all__ = ["FullyShardedModule"]
 
@@ -150,7 +150,7 @@ class FullyShardedModule(nn.Module):
         if mixed:
             raise ValueError(f"modules {mixed} own parameters of different dtypes; each layer's parameters "
                              "are flattened into one buffer and must share one dtype")
-        rank, world_size, global_rank = _group_info(group)
+        rank, world_size, global_rank = group_info(group)
         _same_on_every_rank("the parameters' names and shapes",
                             [(n, tuple(p.shape)) for n, p in module.named_parameters()], group)
         self.module, self.group = module, group

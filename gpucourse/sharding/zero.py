@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime import validate
-from .collectives import _all_gather_flat, _group_info, _reduce_scatter_flat, _same_on_every_rank, shard_size
+from ..runtime import group_info, validate
+from .collectives import _all_gather_flat, _reduce_scatter_flat, _same_on_every_rank, shard_size
 
 __all__ = ["ZeroOptimizer", "shard_ranges"]
 
@@ -118,7 +118,7 @@ class ZeroOptimizer:
             raise ValueError("params must all have one dtype and device, got "
                              f"{sorted({(str(p.dtype), str(p.device)) for p in self.params})}")
         self.stage, self.group = stage, group
-        self.rank, self.world_size, self._global_rank = _group_info(group)
+        self.rank, self.world_size, self._global_rank = group_info(group)
         # every rank must describe the same model, or the shards would not line up (no hang: a
         # small all-gather of the shapes first, then the same ValueError on every rank)
         _same_on_every_rank("the parameters' shapes", [tuple(p.shape) for p in self.params], group)
