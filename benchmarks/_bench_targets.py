@@ -1,4 +1,5 @@
-"""Importable per-rank functions for the benchmarks (torch.multiprocessing.spawn needs importable ones)."""
+"""Shared by the benchmarks: importable per-rank functions (torch.multiprocessing.spawn needs
+importable ones) and the machine-contention reading every benchmark prints."""
 
 import datetime
 import os
@@ -26,3 +27,23 @@ def launch_entry(rank, world_size):
     t = torch.ones(1)
     dist.all_reduce(t)
     return t.item()
+
+
+def busy_cpu_seconds():
+    """CPU time used by the whole machine, and by this process and its (finished) children.
+
+    Two readings around a benchmark tell how much CPU *other* programs took meanwhile (machine
+    minus own): the benchmarks print it, so a ratio measured on a busy machine says so.
+    Returns ``(None, None)`` where ``/proc/stat`` does not exist (not Linux).
+    """
+    try:
+        import resource
+
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (ImportError, OSError):        # not Linux: contention cannot be checked
+        return None, None
+    machine = (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")  # user..softirq, steal
+    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    return machine, own

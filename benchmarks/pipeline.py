@@ -17,13 +17,13 @@ Exit status: 0 when both targets are met, 1 when one is not (everything is print
 """
 
 import functools
-import os
 import statistics
 import sys
 
 import torch
 
 import gpucourse as gc
+from _bench_targets import busy_cpu_seconds
 
 WIDTH, LAYERS, BATCH, CHUNKS, STAGES = 1024, 12, 2048, 8, 2
 WARMUP, TIMED = 2, 4                   # SGD steps: untimed warm-up, then timed (median)
@@ -41,21 +41,6 @@ def make_model():
 
 def sequential_worker(rank, world_size, x, y):
     return gc.train_sequential(make_model, x, y, steps=STEPS, lr=0.01)
-
-
-def _busy_cpu_seconds():
-    """CPU time used by the whole machine, and by this process and its (finished) children."""
-    try:
-        import resource
-
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (ImportError, OSError):        # not Linux: contention cannot be checked
-        return None, None
-    machine = (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")  # user..softirq, steal
-    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
-    return machine, own
 
 
 def one_round(x, y):
@@ -77,9 +62,9 @@ def main():
     x, y = torch.randn(BATCH, WIDTH), torch.randint(0, WIDTH, (BATCH,))
     print(f"model: LayerNorm + {LAYERS} x Linear({WIDTH}, {WIDTH}); batch {BATCH}; {ROUNDS} rounds of "
           f"{TIMED} timed steps after {WARMUP} warm-up; 1 thread per process")
-    machine0, own0 = _busy_cpu_seconds()
+    machine0, own0 = busy_cpu_seconds()
     rounds = [one_round(x, y) for _ in range(ROUNDS)]
-    machine1, own1 = _busy_cpu_seconds()
+    machine1, own1 = busy_cpu_seconds()
     print("parameters after the steps equal the 1-process model's (both schedules, every round)")
 
     def pooled(name, times_of):

@@ -19,7 +19,6 @@ Four measurements, each a ratio to a baseline measured in the same run:
 Timings on a shared machine are noisy: the script reports how much CPU other programs used.
 """
 
-import os
 import sys
 import time
 
@@ -28,24 +27,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import gpucourse as gc
+from _bench_targets import busy_cpu_seconds
 
 WIDTH, DEPTH, BATCH, ROUNDS, STEPS = 256, 8, 128, 5, 3
 COLL_NUMEL = 4 << 20                          # 16 MB of float32
 TARGETS = {"zero_time": 1.15, "opt_state": 0.55, "collectives": 0.8, "ckpt_mem": 0.3, "ckpt_time": 1.4}
-
-
-def _busy_cpu_seconds():
-    try:
-        import resource
-
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (ImportError, OSError):
-        return None, None
-    machine = (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
-    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
-    return machine, own
 
 
 def _timed(fn) -> float:
@@ -119,7 +105,7 @@ def _collective_worker(rank, world_size):
 def main():
     torch.set_num_threads(1)
     ok = True
-    machine0, own0 = _busy_cpu_seconds()
+    machine0, own0 = busy_cpu_seconds()
     print(f"model: {DEPTH} residual MLP blocks of width {WIDTH} "
           f"({sum(p.numel() for p in gc.residual_mlp(WIDTH, DEPTH).parameters()) / 1e6:.1f} M parameters), "
           f"global batch {BATCH}, AdamW; 2 gloo processes x 1 thread; {ROUNDS} rounds x {STEPS} steps")
@@ -177,7 +163,7 @@ def main():
           f"{'MET' if met_m else 'NOT MET'}), step time {slow:.2f}x (target <= {TARGETS['ckpt_time']}: "
           f"{'MET' if met_t else 'NOT MET'})")
 
-    machine1, own1 = _busy_cpu_seconds()
+    machine1, own1 = busy_cpu_seconds()
     if machine0 is not None:
         foreign = (machine1 - machine0) - (own1 - own0)
         print(f"CPU used by other programs during the runs: {max(foreign, 0):.1f} s of "

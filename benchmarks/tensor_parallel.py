@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 import gpucourse as gc
+from _bench_targets import busy_cpu_seconds
 
 HIDDEN, FFN, TOKENS = 4096, 16384, 2048
 WARMUP, TIMED = 1, 3                   # steps per run: untimed warm-up, then timed
@@ -83,21 +84,6 @@ def worker(rank, world_size, how):
     return {"scratch": times["scratch"][WARMUP:], "dtensor": times["dtensor"][WARMUP:], "bytes_per_step": counted}
 
 
-def _busy_cpu_seconds():
-    """CPU time used by the whole machine, and by this process and its (finished) children."""
-    try:
-        import resource
-
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (ImportError, OSError):        # not Linux: contention cannot be checked
-        return None, None
-    machine = (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")  # user..softirq, steal
-    own = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-              for f in ("ru_utime", "ru_stime"))
-    return machine, own
-
-
 def gpt_bytes(rank, world_size, cfg, batch):
     torch.manual_seed(0)
     model = gc.tensor_parallel_gpt(gc.TinyGPT(**cfg))
@@ -111,7 +97,7 @@ def main():
     print(f"MLP block Linear({HIDDEN}, {FFN}) -> GELU -> Linear({FFN}, {HIDDEN}), {TOKENS} tokens, fp32, "
           f"forward+backward; {ROUNDS} rounds of {TIMED} timed steps after {WARMUP} warm-up; 1 thread per process; "
           f"{os.cpu_count()} CPUs")
-    machine0, own0 = _busy_cpu_seconds()
+    machine0, own0 = busy_cpu_seconds()
     rounds = []
     for _ in range(ROUNDS):
         rounds.append(gc.launch(functools.partial(worker, how="single"), 1, timeout=900)[0])
@@ -145,7 +131,7 @@ def main():
           f"tp_comm_bytes = {gpt_expected:,}; all collectives: "
           + ", ".join(f"{op} {site} x{c} = {b:,} B" for (op, site), (c, b) in sorted(summary.items())))
     print(f"target: counted bytes == tp_comm_bytes: {'MET' if ok_bytes else 'NOT MET'}")
-    machine1, own1 = _busy_cpu_seconds()
+    machine1, own1 = busy_cpu_seconds()
     if machine0 is not None:
         foreign = max((machine1 - machine0) - (own1 - own0), 0.0)
         print(f"CPU used by other programs during the runs: {foreign:.1f} s of {machine1 - machine0:.1f} s"

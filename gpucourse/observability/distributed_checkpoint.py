@@ -87,15 +87,9 @@ def dcp_save(checkpoint_dir, model: torch.nn.Module, optimizer=None) -> None:
         the others' shards). All ranks need the same ``checkpoint_dir`` on a shared file system.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     check_type("checkpoint_dir", checkpoint_dir, (str, os.PathLike))
-    if optimizer is None:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-        state = {"model": get_model_state_dict(model)}
-    else:
-        model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optim_state}
+    state = _state(model, optimizer)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to")
         dcp.save(state, checkpoint_id=os.fspath(checkpoint_dir),
@@ -114,8 +108,6 @@ def dcp_load(checkpoint_dir, model: torch.nn.Module, optimizer=None) -> None:
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_state_dict,
         set_model_state_dict,
         set_state_dict,
     )
@@ -124,11 +116,7 @@ def dcp_load(checkpoint_dir, model: torch.nn.Module, optimizer=None) -> None:
     if not os.path.exists(os.path.join(checkpoint_dir, ".metadata")):
         raise FileNotFoundError(f"no DCP checkpoint in {os.fspath(checkpoint_dir)!r} (its .metadata "
                                 "is missing); write one with dcp_save on every rank")
-    if optimizer is None:
-        state = {"model": get_model_state_dict(model)}
-    else:
-        model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optimizer": optim_state}
+    state = _state(model, optimizer)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to")
         dcp.load(state, checkpoint_id=os.fspath(checkpoint_dir),
@@ -157,3 +145,13 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     # cpu_offload=True would hand the full tensors to rank 0 only; gather on every rank, then copy
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {k: v.detach().cpu().clone() for k, v in state.items()}
+
+
+def _state(model: torch.nn.Module, optimizer) -> dict:
+    """``{"model": …, "optimizer": …}`` as DCP saves and loads it (each rank's own shards)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optim_state}
