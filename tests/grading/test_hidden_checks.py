@@ -329,7 +329,7 @@ return finite
 """,
     "06.3": """\
 optimizer.zero_grad()
-with torch.autocast("cpu", dtype=torch.bfloat16):
+with torch.autocast("cpu", dtype=torch.float16):
     loss = F.mse_loss(model(x), y)
 scaler.scale(loss).backward()
 scaler.unscale_(optimizer)
