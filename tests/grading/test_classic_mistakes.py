@@ -1,11 +1,12 @@
 """Visible checks fail the classic wrong answers: a constant, a wrong reduction, an off-by-one.
 
 Every exercise's visible check must be able to fail. ``test_exercises.py`` proves it for ``return
-None`` and ``return 0``; this file plants, for the exercises listed in ``VISIBLE_WRONG``, the wrong
-answers a learner plausibly writes — a constant that looks right, the wrong reduction (a mean where
-a sum belongs, the fastest *measured* point instead of the model's), an off-by-one — and asserts
-that the visible check raises. It runs in this process (no kernel): the chapter's setup cells, then
-the exercise's cells with its solution replaced, then its check cell.
+None`` and ``return 0``; ``test_visible_checks.py`` plants one mechanism-level wrong answer per
+exercise in a kernel. This file plants, for the exercises listed in ``CLASSIC_MISTAKES``, several
+wrong answers each that a learner plausibly writes — a constant that looks right, the wrong
+reduction (a mean where a sum belongs, the fastest *measured* point instead of the model's), an
+off-by-one — and asserts that the visible check raises. It runs in this process (no kernel): the
+chapter's setup cells, then the exercise's cells with its solution replaced, then its check cell.
 """
 
 import contextlib
@@ -22,7 +23,7 @@ from test_hidden_checks import _plant
 ROOT = Path(__file__).resolve().parents[2]
 
 #: exercise id -> {what the wrong answer gets wrong: the body of its solution region}
-VISIBLE_WRONG = {
+CLASSIC_MISTAKES = {
     "00.2": {
         "constant": "return 0",
         "negative index": """\
@@ -209,16 +210,16 @@ def _run_check(ex_id: str, answer: str) -> BaseException | None:
     return None
 
 
-CASES = [(e, kind) for e, answers in VISIBLE_WRONG.items() for kind in answers]
+CASES = [(e, kind) for e, answers in CLASSIC_MISTAKES.items() for kind in answers]
 
 
 @pytest.mark.parametrize("ex_id, kind", CASES, ids=[f"{e}-{k}" for e, k in CASES])
 def test_visible_check_fails_a_plausible_wrong_answer(ex_id, kind):
-    err = _run_check(ex_id, VISIBLE_WRONG[ex_id][kind])
+    err = _run_check(ex_id, CLASSIC_MISTAKES[ex_id][kind])
     assert err is not None, f"{ex_id}: the visible check passed the wrong answer '{kind}'"
 
 
-@pytest.mark.parametrize("ex_id", sorted(VISIBLE_WRONG))
+@pytest.mark.parametrize("ex_id", sorted(CLASSIC_MISTAKES))
 def test_visible_check_passes_the_solution(ex_id):
     """The runner itself is sound: the unchanged solution passes the same way."""
     nb = nbformat.read(_solutions(ex_id[:2]), as_version=4)
