@@ -93,7 +93,7 @@ from .observability import (BucketOverlap, DDPOptionResult, OverlapReport, Resum
 # --- long_context/ (chapter 11, part A): blockwise/ring/Ulysses attention, zig-zag, bytes ------
 from .long_context import (CPMeter, CPStep, attention_block, attention_block_backward, blockwise_attention,
                            cp_comm_bytes, cp_comm_time, cp_meter, merge_attention, ring_attention,
-                           ring_kv_chunks, ring_tiles, ulysses_attention, zigzag_chunks, zigzag_merge,
+                           ring_kv_chunks, ring_tiles, ring_traces, ulysses_attention, zigzag_chunks, zigzag_merge,
                            zigzag_split)
 
 # --- grading/: self-check an exercises notebook from one of its cells -------------------------

@@ -12,10 +12,10 @@
 from .blockwise import attention_block, attention_block_backward, blockwise_attention, merge_attention
 from .comm_model import cp_comm_bytes, cp_comm_time
 from .ring import ring_attention, ring_tiles
-from .transport import CPMeter, CPStep, cp_meter
+from .transport import CPMeter, CPStep, cp_meter, ring_traces
 from .ulysses import ulysses_attention
 from .zigzag import ring_kv_chunks, zigzag_chunks, zigzag_merge, zigzag_split
 
 __all__ = ["attention_block", "attention_block_backward", "blockwise_attention", "merge_attention",
-           "cp_comm_bytes", "cp_comm_time", "ring_attention", "ring_tiles", "CPMeter", "CPStep", "cp_meter",
+           "cp_comm_bytes", "cp_comm_time", "ring_attention", "ring_tiles", "CPMeter", "CPStep", "cp_meter", "ring_traces",
            "ulysses_attention", "ring_kv_chunks", "zigzag_chunks", "zigzag_merge", "zigzag_split"]

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..basics import ChunkRecord, Trace
 from ..runtime import group_info
 
-__all__ = ["CPMeter", "CPStep", "cp_meter", "ring_exchange", "agree_on_shards", "record_message"]
+__all__ = ["CPMeter", "CPStep", "cp_meter", "ring_traces", "ring_exchange", "agree_on_shards", "record_message"]
 
 _OPEN: list[CPMeter] = []
 
@@ -72,9 +73,32 @@ class CPMeter:
         """Score entries this rank computed in ``phase``."""
         return sum(s.work for s in self.steps if s.phase == phase)
 
-    def compute_seconds(self, phase: str = "forward") -> float:
-        """Wall seconds this rank spent computing attention tiles in ``phase``."""
-        return sum(s.compute_end - s.compute_start for s in self.steps if s.phase == phase)
+    def compute_seconds(self, phase: str = "forward", *, cpu: bool = False) -> float:
+        """Seconds this rank spent computing attention tiles in ``phase`` (wall, or its thread's CPU
+        time with ``cpu=True`` — the fairer measure when more ranks than cores take turns)."""
+        return sum(s.compute_cpu if cpu else s.compute_end - s.compute_start for s in self.steps if s.phase == phase)
+
+
+def ring_traces(meters, phase: str = "forward") -> tuple[Trace, Trace]:
+    """Two :class:`gc.Trace` s from every rank's meter: the compute of each step, the message in flight.
+
+    Draw them with ``gc.plot_timelines([compute, comm])``: one row per rank and kind, one bar per
+    step. A message bar that lies under a compute bar is hidden behind the computation.
+
+    Example::
+
+        >>> m = CPMeter(steps=[CPStep("forward", 0, 0, 1, 0.0, 2.0, 2.0, 0.0, 1.0)])
+        >>> compute, comm = ring_traces([m])
+        >>> [(r.worker, r.wall) for r in compute], [(r.worker, r.wall, r.cpu) for r in comm]
+        ([(0, 2.0)], [(0, 1.0, 0.0)])
+    """
+    compute, comm = Trace(f"{phase} compute"), Trace(f"{phase} K/V in flight")
+    for rank, meter in enumerate(meters):
+        for s in (s for s in meter.steps if s.phase == phase):
+            compute.add(ChunkRecord(s.step, rank, s.compute_start, s.compute_end, s.compute_cpu))
+            if s.comm_end > s.comm_start:
+                comm.add(ChunkRecord(s.step, rank, s.comm_start, s.comm_end, 0.0))
+    return compute, comm
 
 
 @contextlib.contextmanager
