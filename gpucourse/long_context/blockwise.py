@@ -101,6 +101,10 @@ def merge_attention(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tenso
         >>> out, lse = merge_attention(*a, *b)
         >>> torch.allclose(out, F.scaled_dot_product_attention(q, k, v), atol=1e-6)
         True
+
+    .. warning::
+        Write the weights as ``exp(lse_x − lse)``, never ``exp(lse_x) / (exp(lse_a) + exp(lse_b))``:
+        with scores in the hundreds ``exp(lse_x)`` overflows fp32 and the merge returns NaN.
     """
     lse = torch.logaddexp(lse_a, lse_b)                          # (B, H, rows)
     lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
@@ -113,8 +117,15 @@ def attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                     kernel: str = "readable"):
     """``(out, lse)`` of ``q`` attending to one block of keys (``causal``: top-left aligned mask).
 
-    ``"readable"`` is plain matmul + softmax; ``"fused"`` the fused CPU/CUDA op that returns the
-    log-sum-exp too. ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention).
+    Args:
+        q: ``(batch, heads, rows, head_dim)``.
+        k, v: ``(batch, kv_heads, cols, head_dim)``; ``kv_heads`` divides ``heads`` (grouped-query).
+        causal: mask ``col > row`` (top-left aligned: right for a diagonal tile of equal sides).
+        kernel: ``"readable"`` (matmul + softmax) or ``"fused"`` (the fused op that also returns
+            the log-sum-exp).
+
+    Returns:
+        ``(out (batch, heads, rows, head_dim), lse (batch, heads, rows))``.
 
     Example::
 
@@ -141,6 +152,12 @@ def attention_block_backward(dout, q, k, v, out, lse, *, causal: bool = False, k
     the block's gradients are its exact share of the full gradients (FlashAttention's backward)::
 
         dV = Pᵀ dO ;  dP = dO Vᵀ ;  dS = P ∘ (dP − rowsum(dO ∘ O)) ;  dQ = dS K / √d ;  dK = dSᵀ Q / √d
+
+    Args:
+        dout, q, out: the gradient of the output, the queries and the *final* output of these rows.
+        k, v: the block's keys and values (``kv_heads`` may divide ``heads``).
+        lse: the *final* log-sum-exp of these rows, ``(batch, heads, rows)``.
+        causal, kernel: as in :func:`attention_block`.
 
     Example::
 
