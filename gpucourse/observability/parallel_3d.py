@@ -103,14 +103,14 @@ class PipelineStage3D(nn.Module):
 class _CountingComm(PipelineComm):
     """The pipeline's send/recv, counting the bytes this stage sends (activations and gradients)."""
 
-    sent = 0
+    sent = messages = 0
 
     def send_forward(self, activation, microbatch):
-        self.sent += activation.numel() * activation.element_size()
+        self.sent, self.messages = self.sent + activation.numel() * activation.element_size(), self.messages + 1
         super().send_forward(activation, microbatch)
 
     def send_backward(self, grad, microbatch):
-        self.sent += grad.numel() * grad.element_size()
+        self.sent, self.messages = self.sent + grad.numel() * grad.element_size(), self.messages + 1
         super().send_backward(grad, microbatch)
 
 
@@ -137,7 +137,8 @@ def train_3d(rank: int, world_size: int, config: dict, *, dp: int, tp: int, pp: 
         rank), ``step_times`` (seconds), ``memory`` (bytes of ``params``, ``grads``, ``optimizer``
         state and peak saved ``activations`` on this rank), ``bytes`` (sent per step by this rank,
         per axis: ``tp`` collectives, ``pp`` send/recv, ``embedding`` (tied copy, all-reduced over
-        the first and last stage), ``dp`` reduce-scatter + all-gather payload), ``events`` (the
+        the first and last stage), ``dp`` reduce-scatter + all-gather payload), ``messages`` (how
+        many collectives or sends per step, per axis), ``events`` (the
         last step's pipeline :class:`~gpucourse.TimelineEvent` s).
 
     Example::
@@ -227,6 +228,8 @@ def train_3d(rank: int, world_size: int, config: dict, *, dp: int, tp: int, pp: 
                    "activations": peak_act},
         "bytes": {"tp": meter.bytes() // steps, "pp": comm.sent // steps, "embedding": emb_bytes // steps,
                   "dp": 2 * opt.flat.numel() * opt.flat.element_size() if dp > 1 else 0},
+        "messages": {"tp": meter.count() // steps, "pp": comm.messages // steps,
+                     "embedding": int(emb_group is not None and stage.tok_emb is not None), "dp": 2 * (dp > 1)},
         "events": result["events"], "bf16": bf16,
     }
 

@@ -3,6 +3,7 @@ coordinates — what :mod:`.parallel_3d`'s ranks are compared with and reported 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -10,6 +11,7 @@ import time
 import torch
 
 from ..data import TinyGPT, TinyText
+from ..pipeline import SavedActivationMeter
 from ..runtime import check_int, check_positive, launch
 from .parallel_3d import MESH_DIMS, check_3d_args, train_3d
 
@@ -21,7 +23,7 @@ def train_reference_3d(config: dict, *, steps: int = 20, batch_size: int = 8, lr
     """The same training in one process: the whole ``TinyGPT``, the whole batch, AdamW.
 
     Returns ``losses`` (per step), ``step_times``, ``step_time`` (median) and ``memory`` (bytes of
-    params, grads, AdamW state) — what :func:`train_3d` returns per rank, for one rank holding
+    params, grads, AdamW state, peak saved activations) — what :func:`train_3d` returns per rank, for one rank holding
     everything.
 
     Example::
@@ -42,12 +44,15 @@ def train_reference_3d(config: dict, *, steps: int = 20, batch_size: int = 8, lr
     torch.manual_seed(seed)
     model = TinyGPT(**config)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses, times = [], []
+    losses, times, peak_act = [], [], 0
     for step in range(steps):
         start = time.perf_counter()
         x, y = data.batch(batch_size, config["seq_len"], step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = model.loss(x, y)
+        meter = SavedActivationMeter(ignore=model.parameters()) if step == 0 else None
+        with meter or contextlib.nullcontext():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model.loss(x, y)
+            peak_act = max(peak_act, meter.peak if meter else 0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -57,7 +62,8 @@ def train_reference_3d(config: dict, *, steps: int = 20, batch_size: int = 8, lr
     state = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
                 if torch.is_tensor(v) and v.dim() > 0)
     return {"losses": losses, "step_times": times, "step_time": statistics.median(times),
-            "memory": {"params": 4 * n, "grads": 4 * n, "optimizer": state}, "num_params": n}
+            "memory": {"params": 4 * n, "grads": 4 * n, "optimizer": state, "activations": peak_act},
+            "num_params": n}
 
 
 def run_3d(config: dict, *, dp: int, tp: int, pp: int, steps: int = 20, batch_size: int = 8, chunks: int = 2,
