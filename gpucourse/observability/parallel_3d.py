@@ -144,7 +144,7 @@ def train_3d(rank: int, world_size: int, config: dict, *, dp: int, tp: int, pp: 
     Example::
 
         >>> import functools, gpucourse as gc
-        >>> cfg = dict(vocab_size=16, seq_len=4, num_layers=2, hidden=8, num_heads=2)
+        >>> cfg = dict(vocab_size=27, seq_len=4, num_layers=2, hidden=8, num_heads=2)
         >>> run = functools.partial(train_3d, config=cfg, dp=1, tp=1, pp=2, steps=2, batch_size=2)
         >>> out = gc.launch(run, 2)
         >>> ref = gc.train_reference_3d(cfg, steps=2, batch_size=2)["losses"]
@@ -159,9 +159,10 @@ def train_3d(rank: int, world_size: int, config: dict, *, dp: int, tp: int, pp: 
     from torch.distributed.device_mesh import init_device_mesh
 
     check_3d_args(config, dp=dp, tp=tp, pp=pp, steps=steps, batch_size=batch_size, chunks=chunks, lr=lr,
-                  schedule=schedule)
+                  schedule=schedule, text_chars=text_chars, seed=seed)
     if world_size != pp * dp * tp:
         raise ValueError(f"world_size {world_size} != pp × dp × tp = {pp} × {dp} × {tp}")
+    data = TinyText(text_chars, seed)
     torch.set_num_threads(1)
     # -- the mesh: one process group per dim (every rank creates every group) ------------------
     device = torch.device(device)
@@ -186,7 +187,7 @@ def train_3d(rank: int, world_size: int, config: dict, *, dp: int, tp: int, pp: 
     comm = _CountingComm(pipeline_ranks, device=device)
     sched = make_schedule(schedule, pp, chunks)
     opt = ZeroOptimizer(stage.parameters(), torch.optim.AdamW, stage=1, group=dp_group, lr=lr)
-    data, T, local = TinyText(text_chars, seed), config["seq_len"], batch_size // dp
+    T, local = config["seq_len"], batch_size // dp
     boundary = (T, config["hidden"])
     loss_fn = lambda logits, target: vocab_parallel_cross_entropy(logits, target, tp_group)  # noqa: E731
     losses, times, emb_bytes, peak_act, result = [], [], 0, 0, {}
@@ -235,12 +236,12 @@ def train_3d(rank: int, world_size: int, config: dict, *, dp: int, tp: int, pp: 
 
 
 def check_3d_args(config: dict, *, dp: int, tp: int, pp: int, steps: int, batch_size: int, chunks: int,
-                  lr: float, schedule: str = "1f1b") -> None:
+                  lr: float, schedule: str = "1f1b", text_chars: int = 20_000, seed: int = 0) -> None:
     """Raise ``ValueError``/``TypeError`` for a 3-D run no mesh can run — in the parent, before any process starts.
 
     Example::
 
-        >>> cfg = dict(vocab_size=16, seq_len=4, num_layers=2, hidden=8, num_heads=2)
+        >>> cfg = dict(vocab_size=27, seq_len=4, num_layers=2, hidden=8, num_heads=2)
         >>> check_3d_args(cfg, dp=2, tp=2, pp=2, steps=1, batch_size=4, chunks=2, lr=1e-3)
         >>> check_3d_args(cfg, dp=2, tp=2, pp=4, steps=1, batch_size=4, chunks=2, lr=1e-3)
         Traceback (most recent call last):
@@ -260,6 +261,10 @@ def check_3d_args(config: dict, *, dp: int, tp: int, pp: int, steps: int, batch_
                          f"got num_layers={layers}")
     if heads < tp:
         raise ValueError(f"tp={tp} needs num_heads >= {tp} (whole heads per rank), got num_heads={heads}")
+    chars = TinyText(text_chars, seed).vocab_size
+    if config.get("vocab_size", 64) < chars:
+        raise ValueError(f"config['vocab_size'] = {config.get('vocab_size', 64)} is smaller than the text's "
+                         f"{chars} characters (gc.TinyText({text_chars}, {seed}).vocab_size)")
     if batch_size % dp:
         raise ValueError(f"batch_size ({batch_size}) must be a multiple of dp ({dp}): ZeRO averages "
                          "the dp ranks' gradients, which is the global mean only for equal shares")

@@ -73,13 +73,13 @@ def run_3d(config: dict, *, dp: int, tp: int, pp: int, steps: int = 20, batch_si
 
     Example::
 
-        >>> cfg = dict(vocab_size=16, seq_len=4, num_layers=2, hidden=8, num_heads=2)
+        >>> cfg = dict(vocab_size=27, seq_len=4, num_layers=2, hidden=8, num_heads=2)
         >>> out = run_3d(cfg, dp=1, tp=2, pp=1, steps=2, batch_size=2)
         >>> [r["coords"]["tp"] for r in out], out[0]["losses"] == out[1]["losses"]
         ([0, 1], True)
     """
     check_3d_args(config, dp=dp, tp=tp, pp=pp, steps=steps, batch_size=batch_size, chunks=chunks, lr=lr,
-                  schedule=schedule)
+                  schedule=schedule, seed=seed)
     fn = functools.partial(train_3d, config=dict(config), dp=dp, tp=tp, pp=pp, steps=steps,
                            batch_size=batch_size, chunks=chunks, lr=lr, seed=seed, bf16=bf16,
                            schedule=schedule, verbose=verbose)

@@ -76,11 +76,13 @@ def test_bf16_tensor_parallel_matches_one_process_bf16():
     (dict(tp=3), "tp=3 needs num_heads >= 3"),
     (dict(dp=3), "must be a multiple of dp"),
     (dict(chunks=5), "fewer than chunks=5"),
+    (dict(vocab_size=20), r"vocab_size'\] = 20 is smaller than the text's 27 characters"),
 ])
 def test_bad_meshes_fail_in_the_parent(kwargs, msg):
     args = dict(dp=2, tp=2, pp=2, steps=1, batch_size=8, chunks=2)
+    cfg = {**CFG, "vocab_size": kwargs.pop("vocab_size", CFG["vocab_size"])}
     with pytest.raises(ValueError, match=msg):
-        gc.run_3d(CFG, **{**args, **kwargs})
+        gc.run_3d(cfg, **{**args, **kwargs})
 
 
 def _script(*args, torchrun=None):
