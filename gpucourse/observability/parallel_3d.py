@@ -41,7 +41,12 @@ from ..data import TinyGPT, TinyText
 from ..pipeline import PipelineComm, make_schedule, pipeline_step
 from ..runtime import check_choice, check_int, check_positive
 from ..sharding import ZeroOptimizer
-from ..tensor_parallel import comm_meter, copy_to_tensor_parallel, tensor_parallel_gpt, vocab_parallel_cross_entropy
+from ..tensor_parallel import (
+    comm_meter,
+    copy_to_tensor_parallel,
+    tensor_parallel_gpt,
+    vocab_parallel_cross_entropy,
+)
 
 __all__ = ["MESH_DIMS", "PipelineStage3D", "train_3d", "check_3d_args"]
 
@@ -189,7 +194,7 @@ def train_3d(rank: int, world_size: int, config: dict, *, dp: int, tp: int, pp: 
     opt = ZeroOptimizer(stage.parameters(), torch.optim.AdamW, stage=1, group=dp_group, lr=lr)
     T, local = config["seq_len"], batch_size // dp
     boundary = (T, config["hidden"])
-    loss_fn = lambda logits, target: vocab_parallel_cross_entropy(logits, target, tp_group)  # noqa: E731
+    loss_fn = lambda logits, target: vocab_parallel_cross_entropy(logits, target, tp_group)
     losses, times, emb_bytes, peak_act, result = [], [], 0, 0, {}
     with comm_meter() as meter:
         for step in range(steps):

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import gpucourse as gc
 
@@ -85,18 +84,23 @@ def test_bad_meshes_fail_in_the_parent(kwargs, msg):
         gc.run_3d(cfg, **{**args, **kwargs})
 
 
-def _script(*args, torchrun=None):
-    cmd = [sys.executable, str(SCRIPT)] if torchrun is None else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}", str(SCRIPT)]
-    small = ["--steps", "3", "--batch-size", "4", "--hidden", "16", "--seq-len", "8", "--precision", "fp32"]
-    return subprocess.run(cmd + small + list(args), capture_output=True, text=True, timeout=240, env=ENV)
+def _script_main(monkeypatch):
+    import runpy
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    return runpy.run_path(str(SCRIPT))["main"]
 
 
-def test_script_local_launch_compare_and_json(tmp_path):
-    run = _script("--nprocs", "2", "--dp", "2", "--tp", "1", "--pp", "1", "--compare", "--json",
-                  str(tmp_path / "m.json"))
-    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    lines = run.stdout.strip().splitlines()
+SMALL = ["--steps", "3", "--batch-size", "4", "--hidden", "16", "--seq-len", "8", "--precision", "fp32"]
+
+
+def test_script_local_launch_compare_and_json(tmp_path, monkeypatch, capsys):
+    """--nprocs: the script's main in this process (gc.launch forks the ranks), as from a shell."""
+    status = _script_main(monkeypatch)(SMALL + ["--nprocs", "2", "--dp", "2", "--tp", "1", "--pp", "1",
+                                                "--compare", "--json", str(tmp_path / "m.json")])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert status == 0, lines
     assert [line.split()[:2] for line in lines[:3]] == [["step", "0"], ["step", "1"], ["step", "2"]]
     assert lines[-1].startswith("final loss ") and "(1, 2, 1)" in lines[-1] and "fp32" in lines[-1]
     assert lines[-1].endswith("match")
@@ -105,16 +109,14 @@ def test_script_local_launch_compare_and_json(tmp_path):
 
 
 def test_script_under_torchrun():
-    run = _script("--dp", "1", "--tp", "1", "--pp", "2", "--layers", "2", "--compare", torchrun=2)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
+           *SMALL, "--dp", "1", "--tp", "1", "--pp", "2", "--compare"]
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=240, env=ENV)
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    assert run.stdout.strip().splitlines()[-1].endswith("match")
+    lines = run.stdout.strip().splitlines()
+    assert lines[0].startswith("step   0") and lines[-1].endswith("match") and "(2, 1, 1)" in lines[-1]
 
 
 def test_script_refuses_a_wrong_world_size(monkeypatch):
-    import runpy
-
-    for name in ("RANK", "WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    main = runpy.run_path(str(SCRIPT))["main"]
     with pytest.raises(SystemExit, match="--nprocs 3 must equal --pp x --dp x --tp = 2"):
-        main(["--nprocs", "3", "--dp", "2", "--tp", "1", "--pp", "1"])
+        _script_main(monkeypatch)(["--nprocs", "3", "--dp", "2", "--tp", "1", "--pp", "1"])
