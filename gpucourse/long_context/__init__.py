@@ -16,6 +16,7 @@ from .transport import CPMeter, CPStep, cp_meter, ring_traces
 from .ulysses import ulysses_attention
 from .zigzag import ring_kv_chunks, zigzag_chunks, zigzag_merge, zigzag_split
 
-__all__ = ["attention_block", "attention_block_backward", "blockwise_attention", "merge_attention",
-           "cp_comm_bytes", "cp_comm_time", "ring_attention", "ring_tiles", "CPMeter", "CPStep", "cp_meter", "ring_traces",
-           "ulysses_attention", "ring_kv_chunks", "zigzag_chunks", "zigzag_merge", "zigzag_split"]
+__all__ = ["CPMeter", "CPStep", "attention_block", "attention_block_backward", "blockwise_attention",
+           "cp_comm_bytes", "cp_comm_time", "cp_meter", "merge_attention", "ring_attention",
+           "ring_kv_chunks", "ring_tiles", "ring_traces", "ulysses_attention", "zigzag_chunks",
+           "zigzag_merge", "zigzag_split"]

@@ -24,7 +24,7 @@ import torch
 
 from ..runtime import check_choice, check_int, check_tensor
 
-__all__ = ["blockwise_attention", "merge_attention", "attention_block", "attention_block_backward"]
+__all__ = ["attention_block", "attention_block_backward", "blockwise_attention", "merge_attention"]
 
 KERNELS = ("readable", "fused")
 

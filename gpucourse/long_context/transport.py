@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ..basics import ChunkRecord, Trace
 from ..runtime import group_info
 
-__all__ = ["CPMeter", "CPStep", "cp_meter", "ring_traces", "ring_exchange", "agree_on_shards", "record_message"]
+__all__ = ["CPMeter", "CPStep", "agree_on_shards", "cp_meter", "record_message", "ring_exchange", "ring_traces"]
 
 _OPEN: list[CPMeter] = []
 
@@ -176,7 +176,7 @@ def agree_on_shards(facts: list[int], problem: str | None, group, what: str) -> 
         if problem:
             raise ValueError(problem)
         return
-    rank, size, _ = group_info(group)
+    _, size, _ = group_info(group)
     if size == 1:
         if problem:
             raise ValueError(problem)

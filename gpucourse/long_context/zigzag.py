@@ -17,7 +17,7 @@ import torch
 
 from ..runtime import check_choice, check_int, check_type
 
-__all__ = ["zigzag_split", "zigzag_merge", "zigzag_chunks", "ring_kv_chunks"]
+__all__ = ["ring_kv_chunks", "zigzag_chunks", "zigzag_merge", "zigzag_split"]
 
 LAYOUTS = ("contiguous", "zigzag")
 

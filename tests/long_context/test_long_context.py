@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import gpucourse as gc
 
 T = 120
-TOL = dict(atol=1e-9, rtol=1e-7)
+TOL = {"atol": 1e-9, "rtol": 1e-7}
 
 
 def _qkv(seed, b=2, h=2, s=12, d=4, kv_heads=None, dtype=torch.float64):
@@ -129,9 +129,9 @@ def _all_cases(rank, world):
         dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(200 + i), dtype=q.dtype)
         ref = _reference(q, k, v, causal, dout)
         if layout == "zigzag":
-            split = lambda x: gc.zigzag_split(x, rank, world)     # noqa: E731
+            split = lambda x: gc.zigzag_split(x, rank, world)
         else:
-            split = lambda x: x.chunk(world, dim=2)[rank]         # noqa: E731
+            split = lambda x: x.chunk(world, dim=2)[rank]
         mine = [split(x).clone().requires_grad_() for x in (q, k, v)]
         with gc.cp_meter() as meter:
             out = gc.ring_attention(*mine, causal=causal, layout=layout, kernel=kernel)
@@ -155,7 +155,7 @@ def _all_cases(rank, world):
         q, k, v = _qkv(300, h=2 * world, s=2 * world)
         dout = torch.randn_like(q)
         ref = _reference(q, k, v, causal, dout)
-        split = lambda x: x.chunk(world, dim=2)[rank]             # noqa: E731
+        split = lambda x: x.chunk(world, dim=2)[rank]
         mine = [split(x).clone().requires_grad_() for x in (q, k, v)]
         with gc.cp_meter() as meter:
             out = gc.ulysses_attention(*mine, causal=causal)
