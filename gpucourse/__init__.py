@@ -90,5 +90,8 @@ from .observability import (BucketOverlap, DDPOptionResult, OverlapReport, Resum
                             profile_ddp_steps, read_trace_events, rng_states, save_training_state,
                             set_rng_states, step_traces, trace_timeline, train_uneven)
 
+# --- experts/ (chapter 11, part B): mixture of experts, expert parallelism, the five axes -----
+from .experts import (ExpertParallelMoE, MoE, Routing, ep_comm_bytes, ep_comm_time, expert_parallel)
+
 # --- grading/: self-check an exercises notebook from one of its cells -------------------------
 from .grading import check, check_this_notebook

@@ -1,0 +1,16 @@
+"""Chapter 11 (part B) — mixtures of experts and expert parallelism.
+
+- ``moe``              the dense reference: router, top-k, capacity and dropped tokens, load-balancing loss
+- ``expert_parallel``  experts split over ranks, tokens sent to them and back with all-to-all
+- ``all_to_all``       the transport: a differentiable, counted all-to-all with uneven splits; the
+                       header exchange that turns bad input into a ``ValueError`` on every rank
+- ``comm_model``       bytes per layer (``ep_comm_bytes``) and their α-β time
+- ``balance``          a short training run that shows what the load-balancing loss does
+- ``axes``             the five parallelism axes side by side (``parallelism_axes``)
+"""
+
+from .comm_model import ep_comm_bytes, ep_comm_time
+from .expert_parallel import ExpertParallelMoE, expert_parallel
+from .moe import MoE, Routing
+
+__all__ = ["ep_comm_bytes", "ep_comm_time", "ExpertParallelMoE", "expert_parallel", "MoE", "Routing"]
