@@ -91,7 +91,8 @@ from .observability import (BucketOverlap, DDPOptionResult, OverlapReport, Resum
                             set_rng_states, step_traces, trace_timeline, train_uneven)
 
 # --- experts/ (chapter 11, part B): mixture of experts, expert parallelism, the five axes -----
-from .experts import (ExpertParallelMoE, MoE, Routing, ep_comm_bytes, ep_comm_time, expert_parallel)
+from .experts import (ExpertParallelMoE, MoE, Routing, ep_comm_bytes, ep_comm_time, expert_parallel,
+                      load_balance_run, parallelism_axes)
 
 # --- grading/: self-check an exercises notebook from one of its cells -------------------------
 from .grading import check, check_this_notebook

@@ -9,8 +9,10 @@
 - ``axes``             the five parallelism axes side by side (``parallelism_axes``)
 """
 
+from .axes import parallelism_axes
+from .balance import load_balance_run
 from .comm_model import ep_comm_bytes, ep_comm_time
 from .expert_parallel import ExpertParallelMoE, expert_parallel
 from .moe import MoE, Routing
 
-__all__ = ["ep_comm_bytes", "ep_comm_time", "ExpertParallelMoE", "expert_parallel", "MoE", "Routing"]
+__all__ = ["parallelism_axes", "load_balance_run", "ep_comm_bytes", "ep_comm_time", "ExpertParallelMoE", "expert_parallel", "MoE", "Routing"]
