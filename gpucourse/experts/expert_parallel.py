@@ -38,6 +38,20 @@ class ExpertParallelMoE(nn.Module):
     are the token all-to-alls (what :func:`ep_comm_bytes` predicts), ``counts`` the header
     all-gather, not in ``total``. ``send_counts`` / ``recv_counts``: token copies sent to and
     received from each rank in the last forward.
+
+    Example::
+
+        >>> import gpucourse as gc
+        >>> def one_rank(rank, world):                    # one rank holds every expert: no traffic
+        ...     ep = expert_parallel(MoE(4, 8, num_experts=3))
+        ...     ep(torch.randn(5, 4, requires_grad=True)).sum().backward()
+        ...     return list(ep.experts), ep.comm_bytes["total"], ep.send_counts
+        >>> gc.launch(one_rank, 1, timeout=60)
+        [(['0', '1', '2'], 0, [10])]
+
+    .. warning::
+        The module holds this rank's experts only: ``state_dict()`` is this rank's shard, and the
+        router's gradient covers this rank's tokens only (all-reduce it over the ranks).
     """
 
     def __init__(self, moe: MoE, group=None):

@@ -42,7 +42,15 @@ __all__ = ["MoE", "Routing"]
 
 
 class Routing(NamedTuple):
-    """What the router decided for ``T`` tokens (see :meth:`MoE.route`)."""
+    """What the router decided for ``T`` tokens (see :meth:`MoE.route`).
+
+    Example::
+
+        >>> _ = torch.manual_seed(0)
+        >>> r = MoE(4, 8, num_experts=3, top_k=2).route(torch.randn(5, 4))
+        >>> r.experts.shape, r.weights.sum(-1).allclose(torch.ones(5)), r.keep.all().item()
+        (torch.Size([5, 2]), True, True)
+    """
 
     probs: torch.Tensor        # (T, E)  softmax of the router logits
     weights: torch.Tensor      # (T, k)  top-k probabilities, renormalised to sum to 1 per token

@@ -60,6 +60,9 @@ def _worker(rank, world):
         except ValueError as err:
             errors.append(str(err))
     out["errors"] = errors
+    y = ep(torch.randn(4 + rank, D))                 # x without grad on every rank: only the return all-to-all has a backward
+    y.sum().backward()
+    out["no_input_grad"] = (ep.comm_bytes["backward"] > 0, ep.experts[str(ep.expert_ids[0])].fc1.weight.grad is not None)
     return out
 
 
@@ -112,6 +115,10 @@ def test_counted_bytes_equal_ep_comm_bytes(runs):
                                     send_counts=send, recv_counts=recv, rank=rank)
             assert {k: r[cf]["comm"][k] for k in want} == want
             assert r[cf]["comm"]["forward"] > 0 and r[cf]["comm"]["counts"] == 2 * (4 + E) * 8
+
+
+def test_input_without_grad_still_trains_the_experts(runs):
+    assert all(r["no_input_grad"] == (True, True) for r in runs)
 
 
 def test_bad_input_raises_on_every_rank(runs):
