@@ -63,6 +63,11 @@ def _worker(rank, world):
     y = ep(torch.randn(4 + rank, D))                 # x without grad on every rank: only the return all-to-all has a backward
     y.sum().backward()
     out["no_input_grad"] = (ep.comm_bytes["backward"] > 0, ep.experts[str(ep.expert_ids[0])].fc1.weight.grad is not None)
+    sub = torch.distributed.new_group([1, 2])        # group ranks 0, 1 are global ranks 1, 2
+    if rank in (1, 2):
+        ep = gc.expert_parallel(_moe(None), group=sub)
+        x = torch.randn(5, D, generator=torch.Generator().manual_seed(rank))
+        out["subgroup"] = (sorted(ep.experts, key=int), torch.allclose(ep(x), _moe(None)(x), atol=1e-6))
     return out
 
 
@@ -115,6 +120,11 @@ def test_counted_bytes_equal_ep_comm_bytes(runs):
                                     send_counts=send, recv_counts=recv, rank=rank)
             assert {k: r[cf]["comm"][k] for k in want} == want
             assert r[cf]["comm"]["forward"] > 0 and r[cf]["comm"]["counts"] == 2 * (4 + E) * 8
+
+
+def test_a_subgroup_uses_group_ranks(runs):
+    assert "subgroup" not in runs[0]
+    assert [runs[1]["subgroup"], runs[2]["subgroup"]] == [(["0", "1", "2"], True), (["3", "4"], True)]
 
 
 def test_input_without_grad_still_trains_the_experts(runs):
