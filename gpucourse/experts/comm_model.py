@@ -108,6 +108,10 @@ def ep_comm_time(*, tokens: int, d_model: int, world_size: int, top_k: int, link
         >>> ib = ep_comm_time(tokens=4096, d_model=4096, world_size=8, top_k=2, link=LINKS["100 Gb InfiniBand"])
         >>> round(ib / nv)
         22
+
+    .. warning::
+        With ``world`` ranks over several nodes, only the copies to other nodes cross the slow
+        link; using that link's α and β for all of them (as here) is the pessimistic bound.
     """
     check_type("link", link, AlphaBeta, "an AlphaBeta (e.g. gc.LINKS['NVLink'])")
     b = ep_comm_bytes(tokens=tokens, d_model=d_model, world_size=world_size, top_k=top_k, dtype_bytes=dtype_bytes)
