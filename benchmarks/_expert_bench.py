@@ -37,14 +37,14 @@ def _tokens():
 def _step(layer, x):
     if dist.is_initialized():
         dist.barrier()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     y = layer(x)
     y.square().mean().backward()
-    elapsed = torch.tensor([time.perf_counter() - start])
+    elapsed = torch.tensor([time.perf_counter() - start, time.process_time() - cpu])
     if dist.is_initialized():
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)        # the slowest rank sets the pace
     layer.zero_grad(set_to_none=True)
-    return elapsed.item(), y.detach()
+    return elapsed.tolist(), y.detach()
 
 
 def _worker(rank, world_size, how):
@@ -56,14 +56,15 @@ def _worker(rank, world_size, how):
         layer = gc.expert_parallel(_layer())
         x = torch.tensor_split(x, world_size)[rank]
     x = x.clone().requires_grad_()
-    times, first, comm = [], None, []
+    times, cpu, first, comm = [], [], None, []
     for i in range(WARMUP + TIMED):
-        t, y = _step(layer, x)
+        (t, c), y = _step(layer, x)
         times.append(t)
+        cpu.append(c)
         first = y if first is None else first
         if how == "ep":
             comm.append((dict(layer.comm_bytes), layer.send_counts, layer.recv_counts))
-    return {"times": times[WARMUP:], "y": first, "comm": comm}
+    return {"times": times[WARMUP:], "cpu": cpu[WARMUP:], "y": first, "comm": comm}
 
 
 def expert_benchmark(rounds: int = ROUNDS) -> dict:
@@ -79,6 +80,10 @@ def expert_benchmark(rounds: int = ROUNDS) -> dict:
     t_ep = gc.Timing("2 processes, expert_parallel (4 experts each)", [t for r in ep for t in r[0]["times"]])
     print(gc.format_comparison(t_dense, t_ep))
     speed = gc.speedup(t_dense, t_ep)
+    c_dense = gc.Timing("dense CPU s", [t for r in dense for t in r["cpu"]])
+    c_ep = gc.Timing("EP CPU s", [t for r in ep for t in r[0]["cpu"]])
+    print(f"CPU seconds per step (busiest rank; less sensitive to a busy machine than wall time): dense "
+          f"{c_dense.median:.2f} s, EP {c_ep.median:.2f} s -> {c_dense.median / c_ep.median:.2f}x less work per rank")
     same = torch.allclose(torch.cat([r["y"] for r in ep[0]]), dense[0]["y"], atol=1e-5)
     bytes_ok, lines = True, []
     for rank, r in enumerate(ep[0]):
@@ -99,7 +104,7 @@ def expert_benchmark(rounds: int = ROUNDS) -> dict:
         foreign = max((machine1 - machine0) - (own1 - own0), 0.0)
         print(f"CPU used by other programs during the runs: {foreign:.1f} s of {machine1 - machine0:.1f} s"
               + ("  <- the machine was not idle: these timings are unreliable" if foreign > 5 else ""))
-    return {"dense": t_dense, "ep": t_ep, "speedup": speed, "speed_ok": speed >= 1.4, "same_output": same,
+    return {"dense": t_dense, "ep": t_ep, "speedup": speed, "cpu_ratio": c_dense.median / c_ep.median, "speed_ok": speed >= 1.4, "same_output": same,
             "bytes_ok": bytes_ok, "foreign_cpu_s": foreign}
 
 
