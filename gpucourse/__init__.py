@@ -97,5 +97,9 @@ from .long_context import (CPMeter, CPStep, attention_block, attention_block_bac
                            ring_kv_chunks, ring_tiles, ring_traces, ulysses_attention, zigzag_chunks, zigzag_merge,
                            zigzag_split)
 
+# --- experts/ (chapter 11, part B): mixture of experts, expert parallelism, the five axes -----
+from .experts import (ExpertParallelMoE, MoE, Routing, ep_comm_bytes, ep_comm_time, expert_parallel,
+                      load_balance_run, parallelism_axes)
+
 # --- grading/: self-check an exercises notebook from one of its cells -------------------------
 from .grading import check, check_this_notebook

@@ -444,6 +444,37 @@ n = 2 * world_size                              # no check: chunk() silently mak
 chunks = x.chunk(n, dim=2)
 return torch.cat([chunks[rank], chunks[n - 1 - rank]], dim=2)
 """,
+    # chapter 11 (experts)
+    "11.4": """\
+num_tokens, num_experts = logits.shape
+weights, experts = logits.softmax(dim=-1).topk(k, dim=-1)
+weights = weights / weights.sum(dim=-1, keepdim=True)
+keep = torch.ones_like(experts, dtype=torch.bool)
+if capacity_factor is not None:
+    capacity = int(capacity_factor * num_tokens * k / num_experts)     # floor, not ceil
+    used = [0] * num_experts
+    for j in range(k):
+        for t in range(num_tokens):
+            e = int(experts[t, j])
+            if used[e] < capacity:
+                used[e] += 1
+            else:
+                keep[t, j] = False
+return weights, experts, keep
+""",
+    "11.5": """\
+world_size, num_experts = counts.shape
+per_rank = num_experts // world_size                  # assumes the experts divide evenly
+owner = [min(e // per_rank, world_size - 1) for e in range(num_experts)]
+send = [sum(int(counts[rank, e]) for e in range(num_experts) if owner[e] == r) for r in range(world_size)]
+recv = [sum(int(counts[s, e]) for e in range(num_experts) if owner[e] == rank) for s in range(world_size)]
+return send, recv
+""",
+    "11.6": """\
+rows = send[1 - rank] + recv[1 - rank]                 # "the other rank": right for 2 ranks only
+one_way = rows * d_model * dtype_bytes
+return {"forward": one_way, "backward": one_way, "total": 2 * one_way}
+""",
 }
 
 #: chapter -> the exercise planted by the per-chapter test (cheap: no multi-process visible check)
