@@ -12,7 +12,7 @@
 from .cluster_spec import ClusterSpec
 from .config import ParallelConfig
 from .memory import (activation_terms, inflight_microbatches, korthikanti_layer_bytes, layer_activation_bytes,
-                     model_state_bytes, outside_activation_bytes, split_problem, stage_params)
+                     model_state_bytes, outside_activation_bytes, split_problem, stage_layers, stage_params)
 from .model_spec import ModelSpec, training_flops_per_token
 from .predict import MemoryPrediction, Plan, Prediction, TimePrediction, plan, predict
 from .timing import (bubble_time, compute_time, cp_comm_time, dp_comm_time, ep_comm_time, exposed, mfu,
@@ -20,6 +20,6 @@ from .timing import (bubble_time, compute_time, cp_comm_time, dp_comm_time, ep_c
 
 __all__ = ["ClusterSpec", "ParallelConfig", "ModelSpec", "training_flops_per_token", "activation_terms",
            "inflight_microbatches", "korthikanti_layer_bytes", "layer_activation_bytes", "model_state_bytes",
-           "outside_activation_bytes", "split_problem", "stage_params", "MemoryPrediction", "Plan", "Prediction",
+           "outside_activation_bytes", "split_problem", "stage_layers", "stage_params", "MemoryPrediction", "Plan", "Prediction",
            "TimePrediction", "plan", "predict", "bubble_time", "compute_time", "cp_comm_time", "dp_comm_time",
            "ep_comm_time", "exposed", "mfu", "pp_comm_time", "step_flops", "tp_step_comm_time"]

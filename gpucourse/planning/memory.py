@@ -22,7 +22,7 @@ from .config import ParallelConfig
 from .model_spec import ModelSpec
 
 __all__ = ["activation_terms", "layer_activation_bytes", "korthikanti_layer_bytes", "outside_activation_bytes",
-           "inflight_microbatches", "stage_params", "model_state_bytes", "split_problem"]
+           "inflight_microbatches", "stage_layers", "stage_params", "model_state_bytes", "split_problem"]
 
 
 def activation_terms(model: ModelSpec, *, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
@@ -172,7 +172,7 @@ def split_problem(model: ModelSpec, config: ParallelConfig, global_batch: int) -
         (model.heads % c.tp, f"tp={c.tp} does not divide heads={model.heads}"),
         (model.kv_heads % c.tp, f"tp={c.tp} does not divide kv_heads={model.kv_heads}"),
         (model.ffn % c.tp, f"tp={c.tp} does not divide ffn={model.ffn}"),
-        (model.layers % c.pp, f"pp={c.pp} does not divide layers={model.layers}"),
+        (c.pp > model.layers, f"pp={c.pp} is more stages than layers={model.layers}"),
         (model.seq % c.cp, f"cp={c.cp} does not divide seq={model.seq}"),
         (c.ep > 1 and model.experts == 1, f"ep={c.ep} but the model has no experts"),
         (model.experts % c.ep, f"ep={c.ep} does not divide experts={model.experts}"),
@@ -185,6 +185,27 @@ def split_problem(model: ModelSpec, config: ParallelConfig, global_batch: int) -
     if local % c.microbatches:
         return f"microbatches={c.microbatches} does not divide the batch per replica ({local})"
     return None
+
+
+def stage_layers(layers: int, pp: int) -> list[int]:
+    """Layers of each pipeline stage: ``layers // pp`` each, one more on the middle stages first (the
+    first stage holds the most micro-batches under 1F1B, the last the logits) — as Llama 3 405B's 126
+    layers on 16 stages (one layer fewer on the first and the last stage, section 3.3.2 of the paper).
+
+    Example::
+
+        >>> stage_layers(126, 16)
+        [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
+        >>> stage_layers(8, 4), stage_layers(5, 2)
+        ([2, 2, 2, 2], [2, 3])
+    """
+    check_int("pp", pp, 1)
+    check_int("layers", layers, pp, hint=" (at least one layer per stage)")
+    counts = [layers // pp] * pp
+    order = list(range(1, pp - 1)) + ([pp - 1, 0] if pp > 1 else [0])      # middle, last, first
+    for s in order[:layers % pp]:
+        counts[s] += 1
+    return counts
 
 
 def stage_params(model: ModelSpec, config: ParallelConfig) -> list[dict[str, int]]:
@@ -202,12 +223,12 @@ def stage_params(model: ModelSpec, config: ParallelConfig) -> list[dict[str, int
         True
     """
     g, o, c = model.layer_param_groups(), model.outside_param_groups(), config
-    per_stage = model.layers // c.pp
+    per_stages = stage_layers(model.layers, c.pp)
     dense_layer = g["dense_split"] // c.tp + g["dense_replicated"]
     expert_layer = (model.experts // c.ep) * (g["expert_split"] // c.tp + g["expert_replicated"])
     emb = -(-o["embedding"] // c.tp)
     stages = []
-    for s in range(c.pp):
+    for s, per_stage in enumerate(per_stages):
         dense = per_stage * dense_layer
         if s == 0:
             dense += emb + o["positions"]
@@ -215,9 +236,9 @@ def stage_params(model: ModelSpec, config: ParallelConfig) -> list[dict[str, int
             dense += o["final_norm"] + (-(-o["head"] // c.tp) if o["head"] else (emb if c.pp > 1 else 0))
         stages.append({"dense": dense, "expert": per_stage * expert_layer if model.experts > 1 else 0})
     if model.experts == 1:              # a dense model: its "MLP" is dense
-        mlp = per_stage * (g["expert_split"] // c.tp + g["expert_replicated"])
-        for st in stages:
-            st["dense"] += mlp
+        mlp = g["expert_split"] // c.tp + g["expert_replicated"]
+        for st, per_stage in zip(stages, per_stages):
+            st["dense"] += per_stage * mlp
     return stages
 
 

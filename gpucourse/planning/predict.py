@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ..runtime import check_choice, check_int, check_type
 from .cluster_spec import ClusterSpec
 from .config import ParallelConfig
-from .memory import (inflight_microbatches, layer_activation_bytes, model_state_bytes, outside_activation_bytes,
+from .memory import (inflight_microbatches, stage_layers, layer_activation_bytes, model_state_bytes, outside_activation_bytes,
                      split_problem, stage_params)
 from .model_spec import ModelSpec
 from .timing import (bubble_time, compute_time, cp_comm_time, dp_comm_time, ep_comm_time, exposed, mfu,
@@ -73,13 +73,17 @@ class TimePrediction:
 
 @dataclass(frozen=True)
 class Prediction:
-    """What :func:`predict` returns: ``.memory``, ``.time``, ``.mfu``, and whether it ``.fits``."""
+    """What :func:`predict` returns: ``.memory``, ``.time``, ``.mfu``, and whether it ``.fits``.
+
+    ``.hfu`` (hardware FLOPs utilisation) counts recomputed FLOPs too, as Narayanan et al. 2021 do.
+    """
 
     config: ParallelConfig
     memory: MemoryPrediction
     time: TimePrediction
     mfu: float
     memory_limit: int
+    hfu: float = 0.0
 
     @property
     def fits(self) -> bool:
@@ -131,11 +135,11 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, g
     act_args = dict(micro_batch=micro, tp=c.tp, sequence_parallel=c.sequence_parallel, cp=c.cp, dtype_bytes=e)
     layer = layer_activation_bytes(model, recompute=c.recompute, **act_args)
     stages = []
-    for s, params in enumerate(stage_params(model, c)):
+    for s, (params, n_layers) in enumerate(zip(stage_params(model, c), stage_layers(model.layers, c.pp))):
         dense = model_state_bytes(params["dense"], c.dp * c.cp * c.ep, c.zero, c.dtype)
         expert = model_state_bytes(params["expert"], c.dp * c.cp, c.zero, c.dtype)
         inflight = inflight_microbatches(c.pp, s, c.microbatches)
-        acts = inflight * ((model.layers // c.pp) * layer + outside_activation_bytes(
+        acts = inflight * (n_layers * layer + outside_activation_bytes(
             model, first=s == 0, last=s == c.pp - 1, **act_args))
         stages.append({**{k: dense[k] + expert[k] for k in dense}, "activations": acts})
     worst = max(stages, key=lambda d: sum(d.values()))
@@ -161,7 +165,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, g
     busy = compute + tp + cp + ep + pp
     time = TimePrediction(compute=compute, dp=exposed(dp, last_backward), tp=tp, pp=pp, cp=cp, ep=ep,
                           bubble=bubble_time(busy, c.pp, c.microbatches))
-    return Prediction(c, memory, time, mfu(model_flops, time.total, cluster.peak_flops), int(cluster.memory_bytes))
+    return Prediction(c, memory, time, mfu(model_flops, time.total, cluster.peak_flops), int(cluster.memory_bytes),
+                      hfu=mfu(hw_flops, time.total, cluster.peak_flops))
 
 
 @dataclass

@@ -96,7 +96,7 @@ def tp_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, 
     """
     if tp == 1:
         return 0.0
-    one = tp_comm_time(micro_batch, model.seq // cp, model.hidden, model.layers // pp, tp, link, dtype_bytes)
+    one = tp_comm_time(micro_batch, model.seq // cp, model.hidden, -(-model.layers // pp), tp, link, dtype_bytes)
     return microbatches * one * (1.5 if recompute == "full" else 1.0)
 
 
@@ -139,7 +139,7 @@ def cp_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, cp: i
                            dtype_bytes=dtype_bytes)["total"]
     comm = 3 * (cp - 1) * link.alpha + nbytes * link.beta
     attention = 12 * model.hidden * model.seq * micro_batch * (model.seq // cp) / tp / peak_flops
-    return microbatches * (model.layers // pp) * exposed(comm, attention)
+    return microbatches * (-(-model.layers // pp)) * exposed(comm, attention)
 
 
 def ep_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, ep: int, cp: int, pp: int,
@@ -159,7 +159,7 @@ def ep_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, ep: i
         return 0.0
     nbytes = ep_comm_bytes(tokens=micro_batch * (model.seq // cp), d_model=model.hidden, world_size=ep,
                            top_k=model.top_k, dtype_bytes=dtype_bytes)["total"]
-    return microbatches * (model.layers // pp) * (4 * (ep - 1) * link.alpha + nbytes * link.beta)
+    return microbatches * (-(-model.layers // pp)) * (4 * (ep - 1) * link.alpha + nbytes * link.beta)
 
 
 def bubble_time(busy: float, pp: int, microbatches: int) -> float:

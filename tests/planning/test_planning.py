@@ -133,7 +133,7 @@ def test_predict_terms_are_the_named_formulas():
 def test_predict_rejects_bad_splits_with_reasons():
     m = gc.ModelSpec(layers=3, hidden=96, heads=6, ffn=384, vocab=100, seq=64)
     c = gc.ClusterSpec(1, 4, 8e9, 1e12)
-    for cfg, words in [(gc.ParallelConfig(dp=2, pp=2), "layers=3"), (gc.ParallelConfig(tp=4), "heads=6"),
+    for cfg, words in [(gc.ParallelConfig(pp=4), "layers=3"), (gc.ParallelConfig(tp=4), "heads=6"),
                        (gc.ParallelConfig(dp=2, ep=2), "no experts"), (gc.ParallelConfig(dp=2), "devices"),
                        (gc.ParallelConfig(dp=4, microbatches=3), "microbatches=3")]:
         with pytest.raises(ValueError, match=words):
