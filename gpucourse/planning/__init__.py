@@ -12,63 +12,16 @@
 
 from .cluster_spec import ClusterSpec
 from .config import ParallelConfig
-from .memory import (
-                     activation_terms,
-                     inflight_microbatches,
-                     korthikanti_layer_bytes,
-                     layer_activation_bytes,
-                     model_state_bytes,
-                     outside_activation_bytes,
-                     split_problem,
-                     stage_layers,
-                     stage_params,
-)
+from .memory import (activation_terms, inflight_microbatches, korthikanti_layer_bytes, layer_activation_bytes,
+                     model_state_bytes, outside_activation_bytes, split_problem, stage_layers, stage_params)
 from .model_spec import ModelSpec, training_flops_per_token
 from .plots import plan_widget, plot_plan
 from .predict import MemoryPrediction, Plan, Prediction, TimePrediction, plan, predict
-from .timing import (
-                     bubble_time,
-                     compute_time,
-                     cp_comm_time,
-                     dp_comm_time,
-                     ep_comm_time,
-                     exposed,
-                     mfu,
-                     pp_comm_time,
-                     step_flops,
-                     tp_step_comm_time,
-)
+from .timing import (bubble_time, compute_time, cp_comm_time, dp_comm_time, ep_comm_time, exposed, mfu,
+                     pp_comm_time, step_flops, tp_step_comm_time)
 
-__all__ = [
-                     "ClusterSpec",
-                     "MemoryPrediction",
-                     "ModelSpec",
-                     "ParallelConfig",
-                     "Plan",
-                     "Prediction",
-                     "TimePrediction",
-                     "activation_terms",
-                     "bubble_time",
-                     "compute_time",
-                     "cp_comm_time",
-                     "dp_comm_time",
-                     "ep_comm_time",
-                     "exposed",
-                     "inflight_microbatches",
-                     "korthikanti_layer_bytes",
-                     "layer_activation_bytes",
-                     "mfu",
-                     "model_state_bytes",
-                     "outside_activation_bytes",
-                     "plan",
-                     "plan_widget",
-                     "plot_plan",
-                     "pp_comm_time",
-                     "predict",
-                     "split_problem",
-                     "stage_layers",
-                     "stage_params",
-                     "step_flops",
-                     "tp_step_comm_time",
-                     "training_flops_per_token",
-]
+__all__ = ["ClusterSpec", "ParallelConfig", "ModelSpec", "training_flops_per_token", "activation_terms",
+           "inflight_microbatches", "korthikanti_layer_bytes", "layer_activation_bytes", "model_state_bytes",
+           "outside_activation_bytes", "split_problem", "stage_layers", "stage_params", "MemoryPrediction", "Plan", "Prediction",
+           "TimePrediction", "plan", "predict", "bubble_time", "compute_time", "cp_comm_time", "dp_comm_time",
+           "ep_comm_time", "exposed", "mfu", "plan_widget", "plot_plan", "pp_comm_time", "step_flops", "tp_step_comm_time"]

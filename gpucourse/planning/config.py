@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..runtime import check_choice, check_int, check_type
 
-__all__ = ["DTYPE_BYTES", "ParallelConfig"]
+__all__ = ["ParallelConfig", "DTYPE_BYTES"]
 
 #: bytes per element of parameters, gradients and activations for each training dtype.
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}

@@ -21,17 +21,8 @@ from ..sharding import zero_memory_parts
 from .config import ParallelConfig
 from .model_spec import ModelSpec
 
-__all__ = [
-    "activation_terms",
-    "inflight_microbatches",
-    "korthikanti_layer_bytes",
-    "layer_activation_bytes",
-    "model_state_bytes",
-    "outside_activation_bytes",
-    "split_problem",
-    "stage_layers",
-    "stage_params",
-]
+__all__ = ["activation_terms", "layer_activation_bytes", "korthikanti_layer_bytes", "outside_activation_bytes",
+           "inflight_microbatches", "stage_layers", "stage_params", "model_state_bytes", "split_problem"]
 
 
 def activation_terms(model: ModelSpec, *, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,

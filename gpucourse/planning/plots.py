@@ -7,7 +7,7 @@ from .cluster_spec import ClusterSpec
 from .model_spec import ModelSpec
 from .predict import Plan, plan
 
-__all__ = ["plan_widget", "plot_plan"]
+__all__ = ["plot_plan", "plan_widget"]
 
 _MEM = (("params", "#4c72b0"), ("grads", "#dd8452"), ("optimizer", "#55a868"), ("activations", "#c44e52"))
 _TIME = (("compute", "#4c72b0"), ("dp", "#8172b3"), ("tp", "#dd8452"), ("pp", "#937860"), ("cp", "#da8bc3"),

@@ -19,30 +19,13 @@ from dataclasses import dataclass, field
 from ..runtime import check_choice, check_int, check_type
 from .cluster_spec import ClusterSpec
 from .config import ParallelConfig
-from .memory import (
-    inflight_microbatches,
-    layer_activation_bytes,
-    model_state_bytes,
-    outside_activation_bytes,
-    split_problem,
-    stage_layers,
-    stage_params,
-)
+from .memory import (inflight_microbatches, stage_layers, layer_activation_bytes, model_state_bytes, outside_activation_bytes,
+                     split_problem, stage_params)
 from .model_spec import ModelSpec
-from .timing import (
-    bubble_time,
-    compute_time,
-    cp_comm_time,
-    dp_comm_time,
-    ep_comm_time,
-    exposed,
-    mfu,
-    pp_comm_time,
-    step_flops,
-    tp_step_comm_time,
-)
+from .timing import (bubble_time, compute_time, cp_comm_time, dp_comm_time, ep_comm_time, exposed, mfu,
+                     pp_comm_time, step_flops, tp_step_comm_time)
 
-__all__ = ["MemoryPrediction", "Plan", "Prediction", "TimePrediction", "plan", "predict"]
+__all__ = ["MemoryPrediction", "TimePrediction", "Prediction", "Plan", "predict", "plan"]
 
 
 @dataclass(frozen=True)
@@ -219,7 +202,7 @@ class Plan:
     def table(self, n: int = 10) -> str:
         rows = [f"{'#':>3} {'configuration':<34} {'GiB/dev':>8} {'s/step':>9} {'MFU':>5}"]
         for i, p in enumerate(self.ranked[:n], 1):
-            rows.append(f"{i:>3} {p.config!s:<34} {p.memory.total / 2**30:>8.1f} {p.time.total:>9.3g} "
+            rows.append(f"{i:>3} {str(p.config):<34} {p.memory.total / 2**30:>8.1f} {p.time.total:>9.3g} "
                         f"{p.mfu:>5.0%}")
         return "\n".join(rows)
 

@@ -24,18 +24,8 @@ from ..tensor_parallel import tp_comm_time
 from .communication import cp_comm_bytes, ep_comm_bytes
 from .model_spec import ModelSpec
 
-__all__ = [
-    "bubble_time",
-    "compute_time",
-    "cp_comm_time",
-    "dp_comm_time",
-    "ep_comm_time",
-    "exposed",
-    "mfu",
-    "pp_comm_time",
-    "step_flops",
-    "tp_step_comm_time",
-]
+__all__ = ["step_flops", "compute_time", "dp_comm_time", "tp_step_comm_time", "pp_comm_time", "cp_comm_time",
+           "ep_comm_time", "bubble_time", "exposed", "mfu"]
 
 
 def step_flops(model: ModelSpec, tokens: int, recompute: str = "none") -> tuple[int, int]:

@@ -16,7 +16,7 @@ from gpucourse.planning import _ch11_fallback
 def _tiny(seed, **kw):
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
-    r = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))
+    r = lambda lo, hi: int(torch.randint(lo, hi, (1,), generator=g))          # noqa: E731
     heads = r(1, 4)
     cfg = dict(vocab_size=r(5, 40), seq_len=r(4, 20), num_layers=r(1, 4), hidden=heads * r(2, 9),
                num_heads=heads, ffn_hidden=r(3, 50))
