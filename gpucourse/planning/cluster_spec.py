@@ -125,7 +125,7 @@ class ClusterSpec:
         return tuple(_PRESETS)
 
     @classmethod
-    def measure(cls, nprocs: int = 2, *, matmul_size: int = 384, repeats: int = 5,
+    def measure(cls, nprocs: int = 2, *, matmul_size: int = 512, repeats: int = 5,
                 timeout: float = 120.0) -> ClusterSpec:
         """This machine as a cluster: one process per "device", one node.
 
@@ -164,7 +164,7 @@ def _matmul_rate(rank, world_size, n, repeats):
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b                                            # warm-up
     dist.barrier()                                   # every process computes at once
-    inner = max(1, int(2e8 // (2 * n ** 3)))         # ~0.2 GFLOP per timed block
+    inner = max(1, int(5e8 // (2 * n ** 3)))         # ~0.5 GFLOP per timed block
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

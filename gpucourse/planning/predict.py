@@ -199,6 +199,10 @@ class Plan:
                 return i
         return None
 
+    def place(self, prediction: Prediction) -> int:
+        """Where ``prediction`` (any configuration, tried or not) would rank: 1 + the valid ones faster."""
+        return 1 + sum(p.time.total < prediction.time.total for p in self._all)
+
     def table(self, n: int = 10) -> str:
         rows = [f"{'#':>3} {'configuration':<34} {'GiB/dev':>8} {'s/step':>9} {'MFU':>5}"]
         for i, p in enumerate(self.ranked[:n], 1):
