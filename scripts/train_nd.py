@@ -95,6 +95,31 @@ class LossOf(torch.nn.Module):
         return self.model.loss(idx, self.targets)
 
 
+def checkpoint_blocks(model):
+    """Full recomputation: each block keeps only its input; its forward runs again in the backward."""
+    if isinstance(model, gc.TinyGPT):
+        for block in model.blocks:
+            inner = block.forward
+            block.forward = lambda x, inner=inner: checkpoint(inner, x, use_reentrant=False)
+        return
+
+    def block_fn(b):                       # a TensorParallelGPT block (its forward is inlined in the model's)
+        def run(x):
+            x = x + b.attn(b.ln1(x))
+            return x + b.mlp(b.ln2(x))
+        return run
+
+    def forward(idx):                      # TensorParallelGPT.forward with every block checkpointed
+        T = idx.shape[1]
+        x = model.tok_emb(idx) + model.pos_emb(torch.arange(T, device=idx.device))
+        for b in model.blocks:
+            x = checkpoint(block_fn(b), x, use_reentrant=False)
+        x = gc.copy_to_tensor_parallel(model.ln_f(x), model.group, label="head")
+        return torch.nn.functional.linear(x, model.tok_emb.weight)
+
+    model.forward = forward
+
+
 def worker(rank, world_size, a):
     torch.set_num_threads(a.threads)
     tp_groups = [dist.new_group(list(range(d * a.tp, (d + 1) * a.tp))) for d in range(a.dp)]
@@ -107,9 +132,7 @@ def worker(rank, world_size, a):
     if a.tp > 1:
         model = gc.tensor_parallel_gpt(model, tp_group)
     if a.recompute == "full":
-        for block in model.blocks:
-            inner = block.forward
-            block.forward = lambda x, inner=inner: checkpoint(inner, x, use_reentrant=False)
+        checkpoint_blocks(model)
     if a.zero and a.dp > 1:
         opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=a.zero, group=dp_group, lr=1e-3)
     elif a.dp > 1:
