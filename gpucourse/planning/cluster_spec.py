@@ -148,7 +148,7 @@ class ClusterSpec:
         check_int("matmul_size", matmul_size, 8)
         check_int("repeats", repeats, 1)
         rates = launch(_matmul_rate, nprocs, args=(matmul_size, repeats), timeout=timeout)
-        sizes = [8, 64 * 1024, 1 << 20]
+        sizes = [8, 4096, 64 * 1024, 1 << 20, 4 << 20]
         link = fit_alpha_beta(sizes, measure_point_to_point(sizes, repeats=max(repeats, 3), timeout=timeout),
                               "loopback")
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
