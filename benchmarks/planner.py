@@ -1,9 +1,9 @@
 """Chapter 12's planner against measured runs of ``scripts/train_nd.py`` on this machine.
 
-* **Memory** — 8 processes, 7 configurations of ``gc.TinyGPT`` (fp32, AdamW): for every rank and
+* **Memory** — 8 processes, 9 configurations of ``gc.TinyGPT`` (fp32, AdamW): for every rank and
   every category (params, grads, optimizer state, saved activations), ``gc.predict``'s bytes per
   device within 10% of the bytes ``gc.measure_step_memory`` counts on that rank.
-* **Time** — 2 processes, one thread each, 8 configurations of a wider TinyGPT: predicted step
+* **Time** — 2 processes, one thread each, 9 configurations of a wider TinyGPT: predicted step
   times (``gc.ClusterSpec.measure(2)``: a timed matmul per process and chapter 05's α-β fit, no
   overlap — ``train_nd`` reduces after the backward) ranked against measured medians, Kendall
   τ ≥ 0.6; the configuration predicted fastest runs within 15% of the measured fastest.
@@ -12,8 +12,8 @@ Prints the table predicted | measured | error and the machine's load; exits 1 on
 
     python benchmarks/planner.py
 
-Covers dp, ZeRO-0/1/2, tp, micro-batches and full recomputation — what ``train_nd.py`` runs in
-this version; pp, cp, ep and ZeRO-3 join when chapters 10-11 land.
+Covers dp, ZeRO-0/1/2, tp, pp (1F1B, with dp), micro-batches and full recomputation — what
+``train_nd.py`` runs in this version; cp, ep, ZeRO-3 and pp × tp join when chapters 10-11 land.
 """
 
 import importlib.util
@@ -31,7 +31,7 @@ _spec = importlib.util.spec_from_file_location("train_nd", ROOT / "scripts" / "t
 train_nd = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(train_nd)
 
-SMALL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "64", "--seq", "32", "--global-batch", "16"]
+SMALL = ["--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "64", "--seq", "32", "--global-batch", "16"]
 MEMORY = [  # (train_nd flags, ParallelConfig)
     ("--dp 8", dict(dp=8)),
     ("--dp 8 --zero 1", dict(dp=8, zero=1)),
@@ -40,6 +40,8 @@ MEMORY = [  # (train_nd flags, ParallelConfig)
     ("--dp 2 --tp 4", dict(dp=2, tp=4)),
     ("--dp 4 --tp 2 --microbatches 2 --recompute full", dict(dp=4, tp=2, microbatches=2, recompute="full")),
     ("--dp 8 --recompute full", dict(dp=8, recompute="full")),
+    ("--dp 2 --pp 4 --microbatches 8 --recompute full", dict(dp=2, pp=4, microbatches=8, recompute="full")),
+    ("--dp 4 --pp 2 --zero 1 --microbatches 4", dict(dp=4, pp=2, zero=1, microbatches=4)),
 ]
 WIDE = ["--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "256", "--seq", "128", "--global-batch", "8",
         "--steps", "3"]
@@ -50,13 +52,16 @@ TIME = [
     ("--dp 2 --recompute full", dict(dp=2, recompute="full")),
     ("--dp 2 --zero 1 --recompute full --microbatches 2", dict(dp=2, zero=1, recompute="full", microbatches=2)),
     ("--tp 2 --recompute full", dict(tp=2, recompute="full")),
+    ("--pp 2 --microbatches 2", dict(pp=2, microbatches=2)),
+    ("--pp 2 --microbatches 4", dict(pp=2, microbatches=4)),
+    ("--pp 2 --microbatches 8", dict(pp=2, microbatches=8)),
 ]
 KINDS = ("params", "grads", "optimizer", "activations")
 
 
 def run(flags, common):
     a = train_nd.parse(common + flags.split())
-    n = a.dp * a.tp
+    n = a.dp * a.tp * a.pp * a.cp * a.ep
     return gc.launch(train_nd.worker, n, args=(a,), timeout=a.timeout)
 
 
@@ -84,9 +89,11 @@ def main():
     worst = 0.0
     for flags, cfg in MEMORY:
         config = gc.ParallelConfig(**cfg, sequence_parallel=False, dtype="fp32")
-        pred = gc.predict(spec, cluster8, config, global_batch=batch, overlap=False).memory.as_dict()
+        memory = gc.predict(spec, cluster8, config, global_batch=batch, overlap=False).memory
         ranks = run(flags, SMALL + ["--steps", "1"])
-        errors = [abs(pred[k] - r[k]) / r[k] for r in ranks for k in KINDS]
+        per_rank = [memory.stages[r["stage"]] if "stage" in r else memory.as_dict() for r in ranks]
+        errors = [abs(pr[k] - r[k]) / r[k] for pr, r in zip(per_rank, ranks) for k in KINDS]
+        pred = per_rank[0]
         worst = max(worst, max(errors))
         r0 = ranks[0]
         cells = "  ".join(f"{k} {pred[k]:>9,}|{r0[k]:>9,} {abs(pred[k] - r0[k]) / r0[k]:5.1%}" for k in KINDS)
