@@ -6,7 +6,8 @@
 * **Time** — 2 processes, one thread each, 9 configurations of a wider TinyGPT: predicted step
   times (``gc.ClusterSpec.measure(2)``: a timed matmul per process and chapter 05's α-β fit, no
   overlap — ``train_nd`` reduces after the backward) ranked against measured medians, Kendall
-  τ ≥ 0.6; the configuration predicted fastest runs within 15% of the measured fastest.
+  τ ≥ 0.6; the configuration predicted fastest runs within 15% of the measured fastest. Each
+  configuration runs in ``ROUNDS`` rounds; the fastest round counts (a busy moment only slows a run).
 
 Prints the table predicted | measured | error and the machine's load; exits 1 on a missed target.
 
@@ -57,6 +58,7 @@ TIME = [
     ("--pp 2 --microbatches 8", dict(pp=2, microbatches=8)),
 ]
 KINDS = ("params", "grads", "optimizer", "activations")
+ROUNDS = 2          # every time configuration runs once per round; the least disturbed (minimum) counts
 
 
 def run(flags, common):
@@ -106,17 +108,15 @@ def main():
     spec, batch = spec_of(WIDE)
     laptop = gc.ClusterSpec.measure(2, matmul_size=256)
     print(f"measured cluster: {laptop.peak_flops / 1e9:.1f} GFLOP/s per process, {laptop.intra}")
-    preds, meas, names = [], [], []
+    preds, names = [], []
     for flags, cfg in TIME:
         config = gc.ParallelConfig(**cfg, sequence_parallel=False, dtype="fp32")
-        if config.world_size == 1:
-            continue
-        p = gc.predict(spec, laptop, config, global_batch=batch, overlap=False).time.total
-        m = run(flags, WIDE)[0]["step_time"]
-        preds.append(p)
-        meas.append(m)
+        preds.append(gc.predict(spec, laptop, config, global_batch=batch, overlap=False).time.total)
         names.append(str(config))
-        print(f"{str(config):<26} {p:8.4f} | {m:8.4f}   {abs(p - m) / m:6.1%}")
+    rounds = [[run(flags, WIDE)[0]["step_time"] for flags, _ in TIME] for _ in range(ROUNDS)]
+    meas = [min(ts) for ts in zip(*rounds)]
+    for name, p, m, ts in zip(names, preds, meas, zip(*rounds)):
+        print(f"{name:<26} {p:8.4f} | {m:8.4f}   {abs(p - m) / m:6.1%}   (rounds: {', '.join(f'{t:.3f}' for t in ts)})")
     tau = kendall_tau(preds, meas)
     chosen = meas[preds.index(min(preds))]
     gap = chosen / min(meas) - 1
