@@ -1,16 +1,15 @@
 """Chapter 11's byte counters, as the planner uses them (keyword arguments only, CONTRACT_11_12).
 
-Until chapter 11 (``long_context/``, ``experts/``) is merged, the private ``_ch11_fallback`` module
-stands in with the same signatures. TEMPORARY: at merge, keep only the two imports from the parts.
+``cp_comm_bytes`` is chapter 11 part A's (``long_context/``). Until part B (``experts/``) is merged,
+the private ``_ch11_fallback`` module stands in for ``ep_comm_bytes`` with the same signature.
+TEMPORARY: at merge, keep only the import from ``..experts`` and delete ``_ch11_fallback.py``.
 """
 
-try:                                                    # chapter 11 merged
-    from ..long_context import cp_comm_bytes
-except ImportError:                                     # TEMPORARY, delete at merge
-    from ._ch11_fallback import cp_comm_bytes
+from ..long_context import cp_comm_bytes
+
 try:
     from ..experts import ep_comm_bytes
-except ImportError:                                     # TEMPORARY, delete at merge
+except ImportError:                                     # TEMPORARY, delete at merge with chapter 11 part B
     from ._ch11_fallback import ep_comm_bytes
 
 __all__ = ["cp_comm_bytes", "ep_comm_bytes"]

@@ -22,8 +22,8 @@ from .config import ParallelConfig
 from .memory import (inflight_microbatches, stage_layers, layer_activation_bytes, model_state_bytes, outside_activation_bytes,
                      split_problem, stage_params)
 from .model_spec import ModelSpec
-from .timing import (bubble_time, compute_time, cp_comm_time, dp_comm_time, ep_comm_time, exposed, mfu,
-                     pp_comm_time, step_flops, tp_step_comm_time)
+from .timing import (bubble_time, compute_time, cp_step_comm_time, dp_step_comm_time, ep_step_comm_time, exposed, mfu,
+                     pp_step_comm_time, step_flops, tp_step_comm_time)
 
 __all__ = ["MemoryPrediction", "TimePrediction", "Prediction", "Plan", "predict", "plan"]
 
@@ -152,15 +152,15 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, g
     common = dict(micro_batch=micro, microbatches=c.microbatches, dtype_bytes=e)
     tp = tp_step_comm_time(model, tp=c.tp, pp=c.pp, cp=c.cp, link=cluster.link_for(c.stride("tp"), c.tp),
                            recompute=c.recompute, **common)
-    cp = cp_comm_time(model, cp=c.cp, tp=c.tp, pp=c.pp, link=cluster.link_for(c.stride("cp"), c.cp),
+    cp = cp_step_comm_time(model, cp=c.cp, tp=c.tp, pp=c.pp, link=cluster.link_for(c.stride("cp"), c.cp),
                       peak_flops=cluster.peak_flops, **common)
-    ep = ep_comm_time(model, ep=c.ep, cp=c.cp, pp=c.pp, link=cluster.link_for(c.stride("ep"), c.ep), **common)
-    pp = pp_comm_time(model, pp=c.pp, tp=c.tp, cp=c.cp, sequence_parallel=c.sequence_parallel,
+    ep = ep_step_comm_time(model, ep=c.ep, cp=c.cp, pp=c.pp, link=cluster.link_for(c.stride("ep"), c.ep), **common)
+    pp = pp_step_comm_time(model, pp=c.pp, tp=c.tp, cp=c.cp, sequence_parallel=c.sequence_parallel,
                       link=cluster.link_for(c.stride("pp"), c.pp), **common)
     busiest = max(stage_params(model, c), key=lambda d: d["dense"] + d["expert"])
     dp_link = cluster.link_for(c.stride("cp"), c.cp * c.ep * c.dp)
-    dp = (dp_comm_time(busiest["dense"] * e, c.dp * c.cp * c.ep, c.zero, dp_link)
-          + dp_comm_time(busiest["expert"] * e, c.dp * c.cp, c.zero, dp_link))
+    dp = (dp_step_comm_time(busiest["dense"] * e, c.dp * c.cp * c.ep, c.zero, dp_link)
+          + dp_step_comm_time(busiest["expert"] * e, c.dp * c.cp, c.zero, dp_link))
     last_backward = compute * 2 / 3 / c.microbatches if overlap else 0.0
     busy = compute + tp + cp + ep + pp
     time = TimePrediction(compute=compute, dp=exposed(dp, last_backward), tp=tp, pp=pp, cp=cp, ep=ep,

@@ -24,8 +24,8 @@ from ..tensor_parallel import tp_comm_time
 from .communication import cp_comm_bytes, ep_comm_bytes
 from .model_spec import ModelSpec
 
-__all__ = ["step_flops", "compute_time", "dp_comm_time", "tp_step_comm_time", "pp_comm_time", "cp_comm_time",
-           "ep_comm_time", "bubble_time", "exposed", "mfu"]
+__all__ = ["step_flops", "compute_time", "dp_step_comm_time", "tp_step_comm_time", "pp_step_comm_time", "cp_step_comm_time",
+           "ep_step_comm_time", "bubble_time", "exposed", "mfu"]
 
 
 def step_flops(model: ModelSpec, tokens: int, recompute: str = "none") -> tuple[int, int]:
@@ -66,13 +66,13 @@ def compute_time(flops: float, peak_flops: float) -> float:
     return flops / peak_flops
 
 
-def dp_comm_time(grad_bytes: float, ranks: int, zero: int, link: AlphaBeta) -> float:
+def dp_step_comm_time(grad_bytes: float, ranks: int, zero: int, link: AlphaBeta) -> float:
     """Gradient reduction (and ZeRO's parameter gathers) per step: chapter 08's ``zero_comm_time``.
 
     Example::
 
         >>> from gpucourse.cluster import LINKS
-        >>> round(dp_comm_time(100e6, 2, 0, LINKS["1 GbE"]), 3)              # 100 MB of gradients
+        >>> round(dp_step_comm_time(100e6, 2, 0, LINKS["1 GbE"]), 3)              # 100 MB of gradients
         0.8
     """
     if ranks == 1 or grad_bytes == 0:
@@ -100,7 +100,7 @@ def tp_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, 
     return microbatches * one * (1.5 if recompute == "full" else 1.0)
 
 
-def pp_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, pp: int, tp: int, cp: int,
+def pp_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, pp: int, tp: int, cp: int,
                  sequence_parallel: bool, link: AlphaBeta, dtype_bytes: int) -> float:
     """``2 · m`` point-to-point messages of one micro-batch's activation ``(b, s/cp, h)`` (split over
     ``tp`` with sequence parallelism), forward and backward, per stage.
@@ -109,7 +109,7 @@ def pp_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, pp: i
 
         >>> from gpucourse.cluster import LINKS
         >>> m = ModelSpec(layers=4, hidden=1024, heads=8, ffn=4096, vocab=1000, seq=1000)
-        >>> round(pp_comm_time(m, micro_batch=1, microbatches=4, pp=2, tp=1, cp=1, sequence_parallel=False,
+        >>> round(pp_step_comm_time(m, micro_batch=1, microbatches=4, pp=2, tp=1, cp=1, sequence_parallel=False,
         ...                    link=LINKS["1 GbE"], dtype_bytes=2), 3)       # 8 × 2 MB at 125 MB/s
         0.131
     """
@@ -119,7 +119,7 @@ def pp_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, pp: i
     return 2 * microbatches * link.transfer_time(nbytes)
 
 
-def cp_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, cp: int, tp: int, pp: int,
+def cp_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, cp: int, tp: int, pp: int,
                  link: AlphaBeta, dtype_bytes: int, peak_flops: float) -> float:
     """Exposed ring-attention traffic: per layer and micro-batch, chapter 11's ``cp_comm_bytes`` over
     the link (``3(cp − 1)`` messages), minus the attention compute of that layer it overlaps with.
@@ -128,7 +128,7 @@ def cp_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, cp: i
 
         >>> from gpucourse.cluster import LINKS
         >>> m = ModelSpec(layers=2, hidden=4096, heads=32, ffn=14336, vocab=1000, seq=131072)
-        >>> cp_comm_time(m, micro_batch=1, microbatches=1, cp=16, tp=8, pp=1, link=LINKS["NVLink"],
+        >>> cp_step_comm_time(m, micro_batch=1, microbatches=1, cp=16, tp=8, pp=1, link=LINKS["NVLink"],
         ...              dtype_bytes=2, peak_flops=989e12)                  # hidden: long sequences
         0.0
     """
@@ -142,7 +142,7 @@ def cp_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, cp: i
     return microbatches * (-(-model.layers // pp)) * exposed(comm, attention)
 
 
-def ep_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, ep: int, cp: int, pp: int,
+def ep_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, ep: int, cp: int, pp: int,
                  link: AlphaBeta, dtype_bytes: int) -> float:
     """The expert all-to-alls: per MoE layer and micro-batch, chapter 11's ``ep_comm_bytes`` (uniform
     routing) over the link, ``4 (ep − 1)`` messages (dispatch and combine, forward and backward).
@@ -151,7 +151,7 @@ def ep_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, ep: i
 
         >>> from gpucourse.cluster import LINKS
         >>> m = ModelSpec.preset("mixtral-8x7b")
-        >>> round(ep_comm_time(m, micro_batch=1, microbatches=1, ep=8, cp=1, pp=1, link=LINKS["NVLink"],
+        >>> round(ep_step_comm_time(m, micro_batch=1, microbatches=1, ep=8, cp=1, pp=1, link=LINKS["NVLink"],
         ...                    dtype_bytes=2) * 1e3, 1)                     # ms per step
         27.7
     """
