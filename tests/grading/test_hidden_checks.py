@@ -475,12 +475,43 @@ rows = send[1 - rank] + recv[1 - rank]                 # "the other rank": right
 one_way = rows * d_model * dtype_bytes
 return {"forward": one_way, "backward": one_way, "total": 2 * one_way}
 """,
+    "12.1": "return 6 * (layers * 12 * hidden * hidden + vocab * hidden) + 12 * layers * hidden * seq   # ffn = 4h",
+    "12.2": """\
+if recompute == "full":
+    return tokens * hidden * dtype_bytes // tp                 # split by tp even without SP
+replicated = tokens * 4 * hidden * dtype_bytes // tp + 2 * (tokens * 2 * 4 // tp)
+split = tokens * (4 * hidden + 2 * ffn) * dtype_bytes // tp + tokens * heads * 4 // tp
+return replicated + split
+""",
+    "12.3": """\
+local = global_batch // (config.dp * config.ep)
+best = None
+for m in range(1, local + 1):
+    if local % m:
+        continue
+    p = gc.predict(model, cluster, dataclasses.replace(config, microbatches=m), global_batch=global_batch)
+    if best is None or p.time.total < best[0]:            # the memory limit forgotten
+        best = (p.time.total, m)
+return best[1]
+""",
+    "12.4": """\
+def hidden(seqs):
+    cfg = gc.ParallelConfig(dp=cluster.devices)          # zero ignored: ZeRO-3's extra gathers missed
+    return gc.predict(model, cluster, cfg, global_batch=seqs * cluster.devices).time.dp == 0
+lo, hi = 0, 1
+while not hidden(hi):
+    lo, hi = hi, hi * 2
+while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if hidden(mid) else (mid, hi)
+return hi
+""",
 }
 
 #: chapter -> the exercise planted by the per-chapter test (cheap: no multi-process visible check)
 PLANTED = {"00": "00.2", "01": "01.2", "02": "02.2", "03": "03.3", "04": "04.1", "05": "05.4",
            "06": "06.1", "07": "07.4",
-           "09": "09.4", "11": "11.2"}
+           "09": "09.4", "11": "11.2", "12": "12.1"}
 
 
 def _plant(source: str, answers: list) -> str:
