@@ -1,0 +1,133 @@
+"""The lessons as a learner sees them in JupyterLab: chapter 00 runs, explorers move, plots draw.
+
+Scenarios (issue 19): 1. ``make lab``'s default URL opens chapter 00 and Run All finishes with no
+error; 2. every explorer (widget) renders and redraws when a control moves; 3. an inline matplotlib
+plot renders as an image.
+"""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+from _ui_course import (
+    PLACEHOLDER,
+    ROOT,
+    lesson_notebooks,
+    may_have_widgets,
+    needed_cells,
+    plot_cell,
+    widget_cells,
+)
+from _ui_lab import ERROR_TEXT
+
+pytestmark = [pytest.mark.ui, pytest.mark.timeout(900)]
+
+RUN_ALL_TIMEOUT_S = 600
+REDRAW_TIMEOUT_MS = 120_000
+RAW_WIDGET_TEXT = ("VBox(", "HBox(", "Box(children", "Loading widget", "Error displaying widget")
+
+
+def test_make_lab_default_url_opens_chapter_00_and_run_all_has_no_error(notebook, lab):
+    nbp = notebook("notebooks/00_setup.ipynb", url_path="/")     # the bare URL: make lab's default_url
+    assert nbp.page.url.split("?")[0].endswith(lab.default_url), nbp.page.url
+    tab = nbp.page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
+    assert tab.text_content() == "00_setup.ipynb"
+    nbp.run_all(RUN_ALL_TIMEOUT_S)
+    errors = {i: e for i in nbp.code_cells() if (e := nbp.error_outputs(i))}
+    assert not errors, f"Run All showed errors: {errors}"
+
+
+def _widget_state(nbp, index: int) -> dict:
+    """What the widget in cell ``index`` shows: slider readouts, plot images, HTML readouts, text."""
+    return nbp.cell(index).locator(".jp-Cell-outputArea").evaluate(
+        """(el) => ({
+            sliders: el.querySelectorAll('.widget-slider').length,
+            readouts: [...el.querySelectorAll('.widget-readout')].map(r => r.textContent),
+            images: [...el.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth > 0).map(i => i.src),
+            pending: [...el.querySelectorAll('img')].filter(i => !(i.complete && i.naturalWidth > 0)).length,
+            html: [...el.querySelectorAll('.widget-html-content')].map(h => h.textContent),
+            text: el.textContent,
+        })""")
+
+
+def _wait_widget(nbp, index: int, condition: str, arg, what: str, timeout_ms: float) -> dict:
+    """Wait until ``condition`` (JS, given the output area and ``arg``) holds; fail saying ``what``
+    with what the cell shows."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    area = nbp.cell(index).locator(".jp-Cell-outputArea").element_handle()
+    try:
+        nbp.page.wait_for_function(f"([el, arg]) => {{ {condition} }}", arg=[area, arg], timeout=timeout_ms,
+                                   polling=200)
+    except PlaywrightTimeout:
+        state = _widget_state(nbp, index)
+        raise AssertionError(f"{nbp.path}, cell {index}: {what}; it shows: {state['text'][-1500:]!r} "
+                             f"(sliders {state['sliders']}, readouts {state['readouts']}, "
+                             f"{len(state['images'])} image(s))") from None
+    return _widget_state(nbp, index)
+
+
+def _check_widget(nbp, index: int) -> None:
+    rendered = _wait_widget(
+        nbp, index, "return el.querySelectorAll('.widget-slider .noUi-handle').length > 0"
+        " && [...el.querySelectorAll('img')].every(i => i.complete && i.naturalWidth > 0);",
+        None, "no slider rendered", 60_000)
+    for raw in (*RAW_WIDGET_TEXT, PLACEHOLDER):
+        assert raw not in rendered["text"], f"{nbp.path}, cell {index} shows {raw!r}: {rendered['text'][-800:]!r}"
+    assert not ERROR_TEXT.search(rendered["text"]), rendered["text"][-1500:]
+    assert rendered["images"] or rendered["html"], (
+        f"{nbp.path}, cell {index}: the explorer shows no plot and no readout: {rendered['text'][-800:]!r}")
+
+    handle = nbp.cell(index).locator(".widget-slider .noUi-handle").first
+    now, top = (float(handle.get_attribute(a)) for a in ("aria-valuenow", "aria-valuemax"))
+    handle.focus()
+    nbp.page.keyboard.press("ArrowRight" if now < top else "ArrowLeft")
+    # redrawn: the slider's readout moved, every plot is a new, loaded image, the HTML readout changed
+    moved = _wait_widget(
+        nbp, index,
+        "const r = [...el.querySelectorAll('.widget-readout')].map(x => x.textContent);"
+        " const imgs = [...el.querySelectorAll('img')];"
+        " const loaded = imgs.filter(i => i.complete && i.naturalWidth > 0).map(i => i.src);"
+        " const html = [...el.querySelectorAll('.widget-html-content')].map(h => h.textContent);"
+        " return JSON.stringify(r) !== JSON.stringify(arg.readouts)"
+        "  && (arg.images.length === 0 || (loaded.length === imgs.length && loaded.length >= arg.images.length"
+        "      && loaded.every(s => !arg.images.includes(s))))"
+        "  && (arg.html.length === 0 || JSON.stringify(html) !== JSON.stringify(arg.html));",
+        rendered, "moving the first slider did not redraw the explorer (readout, plot and text must change)",
+        REDRAW_TIMEOUT_MS)
+    assert not ERROR_TEXT.search(moved["text"]), moved["text"][-1500:]
+
+
+WIDGET_NOTEBOOKS = [p for p in lesson_notebooks() if may_have_widgets(p)]
+
+
+@pytest.mark.parametrize("path", WIDGET_NOTEBOOKS, ids=[p.stem for p in WIDGET_NOTEBOOKS])
+def test_explorers_render_and_redraw_when_a_slider_moves(notebook, path):
+    nb = nbformat.read(path, as_version=4)
+    widgets = widget_cells(nb)
+    if not widgets:
+        pytest.skip(f"{path.name} mentions widgets, but no code cell builds one")
+    nbp = notebook(str(path.relative_to(ROOT)))
+    # a learner who scrolls to an explorer runs the cells it needs (the setup cell), then the explorer
+    for i in sorted(set().union(*(needed_cells(nb, w) for w in widgets))):
+        nbp.run(i)
+        if i in widgets:
+            _check_widget(nbp, i)
+
+
+def test_inline_matplotlib_plot_renders_as_an_image(notebook):
+    found = plot_cell(lesson_notebooks())
+    if found is None:
+        pytest.skip("no lesson cell only draws with a gc.plot_* helper")
+    path, index, cells = found
+    nbp = notebook(str(path.relative_to(ROOT)))
+    for i in cells:
+        nbp.run(i)
+    images = nbp.cell(index).locator(".jp-Cell-outputArea img")
+    assert images.count() >= 1, f"{path.name}, cell {index}: no image: {nbp.output_text(index)[-800:]!r}"
+    img = images.first
+    img.scroll_into_view_if_needed()
+    assert (img.get_attribute("src") or "").startswith("data:image/png"), img.get_attribute("src")[:80]
+    size = img.evaluate("(i) => i.complete ? [i.naturalWidth, i.naturalHeight] : [0, 0]")
+    assert min(size) > 100, f"{path.name}, cell {index}: the plot image did not load ({size})"
+    assert not nbp.error_outputs(index)
