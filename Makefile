@@ -75,8 +75,7 @@ test-notebooks: $(STAMP)
 # browser is downloaded). Without either, every test skips and says which is missing.
 UI_STAMP  := $(VENV)/.gpucourse-ui-installed
 $(UI_STAMP): $(STAMP)
-	$(PIP) -q -c constraints.txt -e '.[test,ui]' && touch $(UI_STAMP) \
-	  || echo "could not install playwright: the browser tests will skip, saying why"
+	$(PIP) -q -c constraints.txt -e '.[test,ui]' && touch $(UI_STAMP) || echo "no playwright: the browser tests will skip"
 
 test-ui: $(UI_STAMP)
 	$(TEST_ENV) $(PY) -m pytest -m ui -q -rs tests/ui

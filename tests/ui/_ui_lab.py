@@ -190,6 +190,8 @@ class NotebookPage:
         self.nb = nbformat.read(lab.course / path, as_version=4)
         self.count = 0               # execution count of the kernel: the next run must show count + 1
         self.focus: int | None = None  # the cell a screenshot should show
+        self.used_at = time.time()     # last open, select or paste (a failing test shows the pages it used)
+        self.ran: set[int] = set()     # cells run in this kernel
 
     # -- opening ------------------------------------------------------------------------------
     def open(self, url_path: str | None = None) -> NotebookPage:
@@ -197,6 +199,7 @@ class NotebookPage:
         every cell is rendered and the kernel is idle."""
         self.lab.end_sessions(self.path)          # a fresh kernel: its first count is 1
         self.lab.forget_workspaces()              # no tab of an earlier page reopens
+        self.used_at = time.time()
         self.page.goto(self.lab.url(url_path or f"/lab/tree/{self.path}"))
         self.page.wait_for_function(
             "([sel, n]) => { const p = document.querySelector(sel);"
@@ -241,7 +244,7 @@ class NotebookPage:
         cell = self.cell(index)
         cell.scroll_into_view_if_needed()
         cell.locator(".jp-InputPrompt").click()
-        self.focus = index
+        self.focus, self.used_at = index, time.time()
 
     def menu(self, top: str, item: str) -> None:
         self.page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{re.escape(top)}$")).click()
@@ -280,9 +283,15 @@ class NotebookPage:
         self.page.keyboard.press("Control+Enter")
         prompt = self._wait_ran(index, timeout_s)
         self.count += 1
+        self.ran.add(index)
         assert prompt == f"[{self.count}]:", (
             f"cell {index} of {self.path} shows {prompt!r} after running, expected [{self.count}]:")
         return self.output_text(index)
+
+    def run_needed(self, cells: list[int]) -> None:
+        """Run, in order, those of ``cells`` this kernel has not run yet."""
+        for i in sorted(set(cells) - self.ran):
+            self.run(i)
 
     def run_all(self, timeout_s: float) -> None:
         """Run ▸ Run All Cells; wait for the last code cell's next count."""
@@ -292,6 +301,7 @@ class NotebookPage:
         self._wait_ran(codes[-1], timeout_s)
         for i in codes:
             self.count += 1
+            self.ran.add(i)
             shown = self.prompt(i)
             assert shown == f"[{self.count}]:", (
                 f"after Run All, cell {i} of {self.path} shows {shown!r}, expected [{self.count}]: "
@@ -314,7 +324,7 @@ class NotebookPage:
             " el.dispatchEvent(new ClipboardEvent('paste', {clipboardData: dt, bubbles: true, cancelable: true})); }",
             text)
         self.page.keyboard.press("Escape")
-        self.focus = index
+        self.focus, self.used_at = index, time.time()
 
     def append_code_cell(self, text: str) -> int:
         """A new code cell below the last one (key B), with ``text`` in it; returns its index."""
@@ -338,7 +348,7 @@ class NotebookPage:
     def screenshot(self, path: Path) -> None:
         if self.focus is not None:
             try:
-                self.cell(self.focus).scroll_into_view_if_needed(timeout=5_000)
+                self.cell(self.focus).evaluate("(el) => el.scrollIntoView({block: 'center'})", timeout=5_000)
             except Exception:  # noqa: BLE001 - a screenshot of whatever is shown is still useful
                 pass
         self.page.screenshot(path=str(path))

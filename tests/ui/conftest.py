@@ -88,13 +88,36 @@ def notebook(browser, lab):
         close_notebook(nbp)
 
 
+@pytest.fixture(scope="module")
+def lessons(browser, lab):
+    """``lessons("notebooks/01_….ipynb")``: the module's one page (and kernel) for that notebook,
+    opened on first use; the tests of a module continue in it as a learner would (what a cell
+    needs is run once: :meth:`NotebookPage.run_needed`)."""
+    pages: dict[str, NotebookPage] = {}
+
+    def _get(path: str) -> NotebookPage:
+        if path not in pages:
+            pages[path] = open_notebook(browser, lab, path)
+        pages[path].used_at = time.time()
+        return pages[path]
+
+    yield _get
+    for nbp in pages.values():
+        close_notebook(nbp)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     report = yield
-    if report.when == "call" and report.failed and "ui" in item.keywords and OPEN_PAGES:
+    if item.get_closest_marker("ui") is None:
+        return report
+    if report.when in ("setup", "call"):
+        _times[item.nodeid][report.when] = report.duration
+    used = [p for p in OPEN_PAGES if p.used_at >= call.start]
+    if report.when == "call" and report.failed and used:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         name = re.sub(r"[^\w.-]+", "_", item.name)
-        for k, nbp in enumerate(list(OPEN_PAGES)):
+        for k, nbp in enumerate(used):
             shot = ARTIFACTS / f"{name}{f'-{k}' if k else ''}.png"
             try:
                 nbp.screenshot(shot)
@@ -102,13 +125,8 @@ def pytest_runtest_makereport(item, call):
             except Exception as e:  # noqa: BLE001 - the failure itself is what matters
                 report.sections.append(("screenshot", f"could not take one: {e}"))
         log = ARTIFACTS / "jupyter-lab.log"
-        log.write_text(OPEN_PAGES[0].lab.log_tail(400))
+        log.write_text(used[0].lab.log_tail(400))
     return report
-
-
-def pytest_runtest_logreport(report):
-    if "ui" in report.keywords and report.when in ("setup", "call"):
-        _times[report.nodeid][report.when] = report.duration
 
 
 def pytest_terminal_summary(terminalreporter):
