@@ -210,11 +210,22 @@ class NotebookPage:
 
     def wait_idle(self, timeout: float = 60_000) -> None:
         """The toolbar names a kernel and its status indicator says idle."""
-        self.page.wait_for_function(
-            "(sel) => { const p = document.querySelector(sel); if (!p) return false;"
-            " const k = p.querySelector('.jp-KernelName'), i = p.querySelector('.jp-Notebook-ExecutionIndicator');"
-            " return !!k && !/No Kernel|Unknown/i.test(k.textContent) && !!i && i.dataset.status === 'idle'; }",
-            arg=PANEL, timeout=timeout)
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+        try:
+            self.page.wait_for_function(
+                "(sel) => { const p = document.querySelector(sel); if (!p) return false;"
+                " const k = p.querySelector('.jp-KernelName'), i = p.querySelector('.jp-Notebook-ExecutionIndicator');"
+                " return !!k && !/No Kernel|Unknown/i.test(k.textContent) && !!i && i.dataset.status === 'idle'; }",
+                arg=PANEL, timeout=timeout)
+        except PlaywrightTimeout:
+            shown = self.page.evaluate(
+                "(sel) => { const p = document.querySelector(sel), d = document.querySelector('.jp-Dialog');"
+                " return [p && p.querySelector('.jp-KernelName')?.textContent,"
+                "         p && p.querySelector('.jp-Notebook-ExecutionIndicator')?.dataset.status,"
+                "         d && d.textContent]; }", PANEL)
+            raise AssertionError(f"{self.path}: the kernel did not become idle within {timeout / 1000:.0f} s "
+                                 f"(kernel {shown[0]!r}, status {shown[1]!r}, dialog {shown[2]!r})") from None
 
     @property
     def panel(self):
@@ -258,20 +269,21 @@ class NotebookPage:
             " el.__uiWatch = new MutationObserver(() => { if (el.textContent.includes('*')) el.__uiRan = true; });"
             " el.__uiWatch.observe(el, {childList: true, characterData: true, subtree: true}); }")
 
-    def _wait_ran(self, index: int, timeout_s: float) -> str:
+    def _wait_ran(self, index: int, timeout_s: float, stop_on_error: bool = False) -> str:
         """Wait until cell ``index`` went through ``[*]``, shows a count and the kernel is idle, or
-        the run stopped early (kernel idle, nothing queued, an error shown). Returns the prompt."""
+        (``stop_on_error``, for Run All) the run stopped early: kernel idle, nothing queued, an
+        error shown. Returns the prompt."""
         prompt = self.cell(index).locator(".jp-InputPrompt").element_handle()
         self.page.wait_for_function(
-            "([el, sel]) => { const p = document.querySelector(sel); if (!p) return false;"
+            "([el, sel, stop]) => { const p = document.querySelector(sel); if (!p) return false;"
             " const i = p.querySelector('.jp-Notebook-ExecutionIndicator');"
             " const idle = !!i && i.dataset.status === 'idle';"
             " if (el.__uiRan && /\\[\\d+\\]/.test(el.textContent) && idle) return true;"
             " const queued = [...p.querySelectorAll('.jp-InputPrompt')].some(q => q.textContent.includes('*'));"
             " const err = [...p.querySelectorAll('.jp-OutputArea-output[data-mime-type=\"application/vnd.jupyter.stderr\"]')]"
             "   .some(o => /Traceback \\(most recent call last\\)|Cell In\\[\\d+\\], line \\d+/.test(o.textContent));"
-            " return idle && !queued && err; }",
-            arg=[prompt, PANEL], timeout=timeout_s * 1000, polling=200)
+            " return stop && idle && !queued && err; }",
+            arg=[prompt, PANEL, stop_on_error], timeout=timeout_s * 1000, polling=200)
         return self.prompt(index)
 
     def run(self, index: int, timeout_s: float = CELL_TIMEOUT_S) -> str:
@@ -298,7 +310,7 @@ class NotebookPage:
         codes = self.code_cells()
         self._watch(codes[-1])
         self.menu("Run", "Run All Cells")
-        self._wait_ran(codes[-1], timeout_s)
+        self._wait_ran(codes[-1], timeout_s, stop_on_error=True)
         for i in codes:
             self.count += 1
             self.ran.add(i)

@@ -6,7 +6,6 @@ first, saying which rule found nothing.
 
 import nbformat
 import pytest
-
 from _ui_course import (
     ROOT,
     exercises_of,

@@ -37,65 +37,84 @@ def test_make_lab_default_url_opens_chapter_00_and_run_all_has_no_error(notebook
     assert not errors, f"Run All showed errors: {errors}"
 
 
-def _widget_state(nbp, index: int) -> dict:
-    """What the widget in cell ``index`` shows: slider readouts, plot images, HTML readouts, text."""
-    return nbp.cell(index).locator(".jp-Cell-outputArea").evaluate(
-        """(el) => ({
-            sliders: el.querySelectorAll('.widget-slider').length,
-            readouts: [...el.querySelectorAll('.widget-readout')].map(r => r.textContent),
-            images: [...el.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth > 0).map(i => i.src),
-            pending: [...el.querySelectorAll('img')].filter(i => !(i.complete && i.naturalWidth > 0)).length,
-            html: [...el.querySelectorAll('.widget-html-content')].map(h => h.textContent),
-            text: el.textContent,
-        })""")
+# What a cell's output area shows (``el``: the cell's output area): the controls' values (slider
+# readouts, dropdown choices), the loaded plot images, the other views (HTML readouts, Output
+# widgets' text) and all of its text.
+STATE_JS = """(el) => {
+    const loaded = (i) => i.complete && i.naturalWidth > 0;
+    const imgs = [...el.querySelectorAll('img')];
+    const selects = [...el.querySelectorAll('.widget-dropdown select')];
+    return {
+        controls: [...el.querySelectorAll('.widget-readout')].map((r) => r.textContent)
+            .concat(selects.map((s) => s.value)),
+        handles: el.querySelectorAll('.widget-slider .noUi-handle').length,
+        selects: selects.length,
+        images: imgs.filter(loaded).map((i) => i.src),
+        pending: imgs.filter((i) => !loaded(i)).length,
+        views: [...el.querySelectorAll('.widget-html-content')].map((h) => h.textContent)
+            .concat([...el.querySelectorAll('.jupyter-widgets .jp-OutputArea')].map((o) => o.textContent)),
+        text: el.textContent,
+    };
+}"""
+
+
+def _output_state(nbp, index: int) -> dict:
+    return nbp.cell(index).locator(".jp-Cell-outputArea").evaluate(STATE_JS)
 
 
 def _wait_output(nbp, index: int, condition: str, arg, what: str, timeout_ms: float) -> dict:
-    """Wait until ``condition`` (JS, given the cell's output area ``el`` and ``arg``) holds; fail
-    saying ``what`` with what the cell shows. Returns :func:`_widget_state`."""
+    """Wait until ``condition`` (JS on ``s``, the :data:`STATE_JS` state of the cell's output, and
+    ``arg``) holds; else fail saying ``what`` and what the cell shows. Returns the state."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     area = nbp.cell(index).locator(".jp-Cell-outputArea").element_handle()
     try:
-        nbp.page.wait_for_function(f"([el, arg]) => {{ {condition} }}", arg=[area, arg], timeout=timeout_ms,
-                                   polling=200)
+        nbp.page.wait_for_function(f"([el, arg]) => {{ const s = ({STATE_JS})(el); return {condition}; }}",
+                                   arg=[area, arg], timeout=timeout_ms, polling=200)
     except PlaywrightTimeout:
-        state = _widget_state(nbp, index)
+        state = _output_state(nbp, index)
         raise AssertionError(f"{nbp.path}, cell {index}: {what}; it shows: {state['text'][-1500:]!r} "
-                             f"(sliders {state['sliders']}, readouts {state['readouts']}, "
-                             f"{len(state['images'])} image(s))") from None
-    return _widget_state(nbp, index)
+                             f"(controls {state['controls']}, {len(state['images'])} image(s))") from None
+    return _output_state(nbp, index)
+
+
+def _move_a_control(nbp, index: int, state: dict) -> str:
+    """Move the explorer's first slider one step (arrow key), or pick its first dropdown's next
+    choice; returns what was moved."""
+    cell = nbp.cell(index)
+    if state["handles"]:
+        handle = cell.locator(".widget-slider .noUi-handle").first
+        now, top = (float(handle.get_attribute(a)) for a in ("aria-valuenow", "aria-valuemax"))
+        key = "ArrowRight" if now < top else "ArrowLeft"
+        handle.focus()
+        nbp.page.keyboard.press(key)
+        return f"the first slider ({key})"
+    select = cell.locator(".widget-dropdown select").first
+    chosen, count = select.evaluate("(s) => [s.selectedIndex, s.options.length]")
+    select.select_option(index=(chosen + 1) % count)
+    return "the first dropdown"
 
 
 def _check_widget(nbp, index: int) -> None:
-    rendered = _wait_output(
-        nbp, index, "return el.querySelectorAll('.widget-slider .noUi-handle').length > 0"
-        " && [...el.querySelectorAll('img')].every(i => i.complete && i.naturalWidth > 0);",
-        None, "no slider rendered", 60_000)
+    rendered = _wait_output(nbp, index, "s.handles + s.selects > 0 && s.pending === 0", None,
+                            "no control (slider or dropdown) rendered", 60_000)
     for raw in (*RAW_WIDGET_TEXT, PLACEHOLDER):
         assert raw not in rendered["text"], f"{nbp.path}, cell {index} shows {raw!r}: {rendered['text'][-800:]!r}"
     assert not ERROR_TEXT.search(rendered["text"]), rendered["text"][-1500:]
-    assert rendered["images"] or rendered["html"], (
+    assert rendered["images"] or any(v.strip() for v in rendered["views"]), (
         f"{nbp.path}, cell {index}: the explorer shows no plot and no readout: {rendered['text'][-800:]!r}")
 
-    handle = nbp.cell(index).locator(".widget-slider .noUi-handle").first
-    now, top = (float(handle.get_attribute(a)) for a in ("aria-valuenow", "aria-valuemax"))
-    handle.focus()
-    nbp.page.keyboard.press("ArrowRight" if now < top else "ArrowLeft")
-    # redrawn: the slider's readout moved, every plot is a new, loaded image, the HTML readout changed
-    moved = _wait_output(
+    moved = _move_a_control(nbp, index, rendered)
+    # redrawn: the control shows its new value, and every plot is a new loaded image (an explorer
+    # without a plot: its readouts changed)
+    after = _wait_output(
         nbp, index,
-        "const r = [...el.querySelectorAll('.widget-readout')].map(x => x.textContent);"
-        " const imgs = [...el.querySelectorAll('img')];"
-        " const loaded = imgs.filter(i => i.complete && i.naturalWidth > 0).map(i => i.src);"
-        " const html = [...el.querySelectorAll('.widget-html-content')].map(h => h.textContent);"
-        " return JSON.stringify(r) !== JSON.stringify(arg.readouts)"
-        "  && (arg.images.length === 0 || (loaded.length === imgs.length && loaded.length >= arg.images.length"
-        "      && loaded.every(s => !arg.images.includes(s))))"
-        "  && (arg.html.length === 0 || JSON.stringify(html) !== JSON.stringify(arg.html));",
-        rendered, "moving the first slider did not redraw the explorer (readout, plot and text must change)",
+        "JSON.stringify(s.controls) !== JSON.stringify(arg.controls) && s.pending === 0 && (arg.images.length"
+        " ? s.images.length >= arg.images.length && s.images.every((x) => !arg.images.includes(x))"
+        " : JSON.stringify(s.views) !== JSON.stringify(arg.views))",
+        rendered, f"moving {moved} did not redraw the explorer (its value and plot or readout must change)",
         REDRAW_TIMEOUT_MS)
-    assert not ERROR_TEXT.search(moved["text"]), moved["text"][-1500:]
+    assert not ERROR_TEXT.search(after["text"]), after["text"][-1500:]
 
 
 WIDGET_NOTEBOOKS = [p for p in lesson_notebooks() if may_have_widgets(p)]
@@ -123,8 +142,7 @@ def test_inline_matplotlib_plot_renders_as_an_image(lessons):
     nbp = lessons(str(path.relative_to(ROOT)))     # chapter 01's page goes on after its explorer
     nbp.run_needed(cells[:-1])
     nbp.run(index)
-    loaded = _wait_output(nbp, index, "return [...el.querySelectorAll('img')].some("
-                          "i => i.src.startsWith('data:image/png') && i.complete && i.naturalWidth > 100);",
+    loaded = _wait_output(nbp, index, "s.pending === 0 && s.images.some((src) => src.startsWith('data:image/png'))",
                           None, "no plot image (a loaded PNG) in the output", 60_000)
     assert not ERROR_TEXT.search(loaded["text"]), loaded["text"][-1500:]
     nbp.cell(index).locator(".jp-Cell-outputArea img").first.scroll_into_view_if_needed()
