@@ -84,11 +84,18 @@ from .tensor_parallel import (ColumnParallelLinear, CommMeter, CommRecord, RowPa
                               vocab_parallel_cross_entropy)
 
 # --- observability/ (chapter 10): profiler traces, DDP options, resume, DCP, Join ------------
-from .observability import (BucketOverlap, DDPOptionResult, OverlapReport, ResumableSampler,
-                            allreduce_overlap, dcp_load, dcp_save, full_model_state, fully_shard_model,
-                            hidden_fraction, latest_checkpoint, load_training_state, measure_ddp_option,
-                            profile_ddp_steps, read_trace_events, rng_states, save_training_state,
-                            set_rng_states, step_traces, trace_timeline, train_uneven)
+from .observability import (MESH_DIMS, BucketOverlap, DDPOptionResult, OverlapReport, PipelineStage3D,
+                            ResumableSampler, allreduce_overlap, dcp_load, dcp_save, full_model_state,
+                            fully_shard_model, hidden_fraction, latest_checkpoint, load_training_state,
+                            measure_ddp_option, mesh_coordinates, profile_ddp_steps, read_trace_events,
+                            rng_states, run_3d, save_training_state, set_rng_states, step_traces,
+                            trace_timeline, train_3d, train_reference_3d, train_uneven)
+
+# --- long_context/ (chapter 11, part A): blockwise/ring/Ulysses attention, zig-zag, bytes ------
+from .long_context import (CPMeter, CPStep, attention_block, attention_block_backward, blockwise_attention,
+                           cp_comm_bytes, cp_comm_time, cp_meter, merge_attention, ring_attention,
+                           ring_kv_chunks, ring_tiles, ring_traces, ulysses_attention, zigzag_chunks, zigzag_merge,
+                           zigzag_split)
 
 # --- grading/: self-check an exercises notebook from one of its cells -------------------------
 from .grading import check, check_this_notebook

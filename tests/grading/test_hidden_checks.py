@@ -430,12 +430,26 @@ dp_rank = rank // dp
 return [dp_rank * dp + t for t in range(dp)]
 """],
     "09.5": "return 4 * layers * batch * seq * hidden * dtype_bytes   # even when tp = 1",
+    "11.1": """\
+total = torch.exp(lse_a) + torch.exp(lse_b)     # no max subtracted: exp overflows for large scores
+w_a, w_b = (torch.exp(lse_a) / total).unsqueeze(-1), (torch.exp(lse_b) / total).unsqueeze(-1)
+return out_a * w_a + out_b * w_b, torch.log(total)
+""",
+    "11.2": """\
+source = (rank + step) % world_size             # the ring turned the wrong way (same at 2 ranks)
+return (source,) if layout == "contiguous" else (source, 2 * world_size - 1 - source)
+""",
+    "11.3": """\
+n = 2 * world_size                              # no check: chunk() silently makes uneven chunks
+chunks = x.chunk(n, dim=2)
+return torch.cat([chunks[rank], chunks[n - 1 - rank]], dim=2)
+""",
 }
 
 #: chapter -> the exercise planted by the per-chapter test (cheap: no multi-process visible check)
 PLANTED = {"00": "00.2", "01": "01.2", "02": "02.2", "03": "03.3", "04": "04.1", "05": "05.4",
            "06": "06.1", "07": "07.4",
-           "09": "09.4"}
+           "09": "09.4", "11": "11.2"}
 
 
 def _plant(source: str, answers: list) -> str:
