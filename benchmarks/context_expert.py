@@ -13,7 +13,7 @@ Context half (this file):
   each rank's compute time (its thread's CPU seconds, fair when ranks outnumber cores), the
   slowest rank's ratio and each layout's max/min over ranks.
 
-Expert half: helper ep22's ``benchmarks/_expert_bench.py`` (see ``expert_half`` below).
+Expert half: ``benchmarks/_expert_bench.py`` (EP MoE vs dense MoE, bytes == ep_comm_bytes).
 
     python benchmarks/context_expert.py     # targets: ring >= 1.5x; saved bytes <= 0.55x;
                                             # counted bytes == cp_comm_bytes; at 4 ranks zig-zag
@@ -160,14 +160,15 @@ def context_half():
 
 
 def expert_half():
-    """The expert-parallel half of chapter 11 (helper ep22).
+    """The expert-parallel half of chapter 11: ``benchmarks/_expert_bench.py``'s ``expert_benchmark``.
 
-    ======== EXPERT HALF GOES HERE ========
-    ep22 writes ``benchmarks/_expert_bench.py`` with one function that prints its measurements and
-    returns True when its targets are met; the lead calls it from here when merging chapter 11.
-    Until then this returns None (nothing measured, not counted as a failure).
+    EP MoE (E=8, top-2, 2 ranks) vs the dense MoE in one process on the same tokens (target >= 1.4x),
+    and the all-to-all bytes it counts equal to ``gc.ep_comm_bytes``. True when both targets hold.
     """
-    return
+    from _expert_bench import expert_benchmark
+
+    result = expert_benchmark()
+    return bool(result["speed_ok"] and result["bytes_ok"] and result["same_output"])
 
 
 def main():

@@ -97,5 +97,17 @@ from .long_context import (CPMeter, CPStep, attention_block, attention_block_bac
                            ring_kv_chunks, ring_tiles, ring_traces, ulysses_attention, zigzag_chunks, zigzag_merge,
                            zigzag_split)
 
+# --- experts/ (chapter 11, part B): mixture of experts, expert parallelism, the five axes -----
+from .experts import (ExpertParallelMoE, MoE, Routing, ep_comm_bytes, ep_comm_time, expert_parallel,
+                      load_balance_run, parallelism_axes)
+
+# --- planning/ (chapter 12): predict memory and step time of a split, rank the splits ------------
+from .planning import (ClusterSpec, MemoryPrediction, ModelSpec, ParallelConfig, Plan, Prediction, TimePrediction,
+                       activation_terms, bubble_time, compute_time, cp_step_comm_time, dp_step_comm_time,
+                       ep_step_comm_time, exposed, inflight_microbatches, korthikanti_layer_bytes,
+                       layer_activation_bytes, mfu, model_state_bytes, outside_activation_bytes, plan, plan_widget,
+                       plot_plan, pp_step_comm_time, predict, split_problem, stage_layers, stage_params, step_flops,
+                       tp_step_comm_time, training_flops_per_token)
+
 # --- grading/: self-check an exercises notebook from one of its cells -------------------------
 from .grading import check, check_this_notebook
