@@ -119,7 +119,24 @@ dist.all_gather(parts, tensor)
 tensor.copy_(torch.stack(parts).mean(0))
 return tensor
 """,
-    "00.2": "return [int(x) for x in spec.split(',')][logical]      # cuda:-1 gives the last GPU",
+    "00.2": """\
+ids = [int(x) for x in spec.split(",")]         # CUDA_VISIBLE_DEVICES="" (no GPU) raises ValueError
+if not 0 <= logical < len(ids):
+    raise IndexError(f"cuda:{logical} is not visible")
+return ids[logical]
+""",
+    "00.3": """\
+visible = list(range(machine_gpus)) if spec is None else []
+for entry in ([] if spec is None else [e for e in spec.split(",") if e.strip()]):
+    if int(entry) >= machine_gpus:              # stops at a missing GPU, not at "-1"
+        break
+    visible.append(int(entry))
+if not visible or not nccl_built:
+    return "gloo", [None] * nprocs
+if nprocs > len(visible):
+    raise ValueError(f"{nprocs} ranks, {len(visible)} GPUs")
+return "nccl", visible[:nprocs]
+""",
     "01.1": 'return torch.stack([((x - yj) ** 2).sum(1) for yj in y], 1) if len(y) else torch.zeros(len(x), 0, dtype=x.dtype)',
     "01.2": """\
 chunks = [items[w::workers] for w in range(workers)]          # round-robin, not contiguous
@@ -150,11 +167,12 @@ while n > 1 and 1 / (s + (1 - s) / (n - 1)) >= target:
 return n
 """,
     "01.4": """\
-t1 = list(times.values())[0]                    # assumes n = 1 comes first
-xs = [1 - 1 / n for n in times]
-ys = [times[n] / t1 - 1 / n for n in times]
-s = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-return min(1.0, max(0.0, s))
+import math
+A = torch.tensor([[1.0, 1.0 / n, float(n)] for n in times], dtype=torch.float64)
+t = torch.tensor(list(times.values()), dtype=torch.float64)
+a, b, c = torch.linalg.lstsq(A, t[:, None]).solution.flatten().tolist()
+k = max(1, min(max_workers, math.floor(math.sqrt(b / c))))     # calculus: fails when the fit gives c <= 0
+return min((k, min(k + 1, max_workers)), key=lambda n: a + b / n + c * n)
 """,
     "02.1": """\
 import math
@@ -188,21 +206,20 @@ outputs = gc.parallel_apply(replicas, chunks, used)
 return torch.cat(outputs)
 """,
     "03.1": """\
-if not 0 <= gpu0_bsz <= batch_size:
-    raise ValueError(f"gpu0_bsz must be in [0, {batch_size}], got {gpu0_bsz}")
-rest = batch_size - gpu0_bsz
-base = int(rest / (num_devices - 1))            # float division
-extra = rest - base * (num_devices - 1)
-return [gpu0_bsz] + [base + (1 if i < extra else 0) for i in range(num_devices - 1)]
+for i, param in enumerate(model.parameters()):
+    grads = [list(r.parameters())[i].grad for r in replicas]
+    grads = [g.to(param.device) for g in grads if g is not None]
+    if grads:
+        param.grad = torch.stack(grads).sum(0)  # overwrites: an earlier step's gradient is lost
+return model
 """,
     "03.2": """\
-model.zero_grad()                               # "start clean" — but the caller owns the gradients
-total = 0.0
-for xc, yc in zip(x.chunk(acc_grad), y.chunk(acc_grad)):
-    loss = F.cross_entropy(model(xc), yc) * (len(xc) / len(x))
-    loss.backward()
-    total += loss.item()
-return total
+n = len(sec_per_row)                            # searches only gpu0_bsz + an even rest
+if batch_size == 0:
+    return [0] * n
+def time_of(rows):
+    return max([overhead0 + sec_per_row[0] * rows[0]] + [p * r for p, r in zip(sec_per_row[1:], rows[1:])])
+return min((gc.balanced_chunk_sizes(batch_size, g, n) for g in range(batch_size + 1)), key=time_of)
 """,
     "03.3": """\
 def peak(gpu0):
@@ -322,7 +339,7 @@ return finite
 """,
     "06.3": """\
 optimizer.zero_grad()
-with torch.autocast("cpu", dtype=torch.bfloat16):
+with torch.autocast("cpu", dtype=torch.float16):
     loss = F.mse_loss(model(x), y)
 scaler.scale(loss).backward()
 scaler.unscale_(optimizer)
