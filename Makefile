@@ -3,6 +3,7 @@
 #   make lab        create .venv if needed, install, open JupyterLab at chapter 00
 #   make lab TORCH=cpu   the same with PyTorch's CPU-only wheels (~0.2 GB instead of ~3 GB to download)
 #   make test       create .venv if needed, install, run every test and every notebook
+#   make test-ui    the course in a real browser: JupyterLab driven in headless Chromium (tests/ui)
 #   make check NB=exercises/04_…ipynb        self-check one exercises notebook in a fresh kernel
 #   make grade SUBMISSIONS=subs/             grade a class (GRADE_ARGS="--hidden --csv grades.csv")
 #
@@ -38,7 +39,7 @@ NBVAL     := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitiz
 # connection for glibc's default 5 s, so the tests ask for 1 s retries (see README, troubleshooting).
 TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0 RES_OPTIONS="timeout:1 attempts:3"
 
-.PHONY: lab test test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade
+.PHONY: lab test test-ui test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade
 
 env: $(STAMP)
 
@@ -68,6 +69,16 @@ test-package: $(STAMP)
 # nbval over every lesson and every solutions notebook
 test-notebooks: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -p no:python -n $(WORKERS) --dist loadscope -q $(NBVAL) notebooks solutions
+
+# the course as a learner sees it: JupyterLab on a temporary copy of the course, driven in the
+# system's Chromium (apt-get install chromium) by playwright (the "ui" extra, installed here; no
+# browser is downloaded). Without either, every test skips and says which is missing.
+UI_STAMP  := $(VENV)/.gpucourse-ui-installed
+$(UI_STAMP): $(STAMP)
+	$(PIP) -q -c constraints.txt -e '.[test,ui]' && touch $(UI_STAMP) || echo "no playwright: the browser tests will skip"
+
+test-ui: $(UI_STAMP)
+	$(TEST_ENV) $(PY) -m pytest -m ui -q -rs tests/ui
 
 # regenerate exercises/ from solutions/ (the single source of every exercise)
 exercises: $(STAMP)

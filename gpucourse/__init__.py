@@ -83,10 +83,27 @@ _PARTS = {
         train_tinygpt_2d vocab_parallel_cross_entropy""",
     # --- observability/ (chapter 10): profiler traces, DDP options, resume, DCP, Join ------------
     "observability": """
-        BucketOverlap DDPOptionResult OverlapReport ResumableSampler allreduce_overlap dcp_load dcp_save
-        full_model_state fully_shard_model hidden_fraction latest_checkpoint load_training_state
-        measure_ddp_option profile_ddp_steps read_trace_events rng_states save_training_state
-        set_rng_states step_traces trace_timeline train_uneven""",
+        MESH_DIMS BucketOverlap DDPOptionResult OverlapReport PipelineStage3D ResumableSampler
+        allreduce_overlap dcp_load dcp_save full_model_state fully_shard_model hidden_fraction
+        latest_checkpoint load_training_state measure_ddp_option mesh_coordinates profile_ddp_steps
+        read_trace_events rng_states run_3d save_training_state set_rng_states step_traces
+        trace_timeline train_3d train_reference_3d train_uneven""",
+    # --- long_context/ (chapter 11, part A): blockwise/ring/Ulysses attention, zig-zag, bytes ------
+    "long_context": """
+        CPMeter CPStep attention_block attention_block_backward blockwise_attention cp_comm_bytes
+        cp_comm_time cp_meter merge_attention ring_attention ring_kv_chunks ring_tiles ring_traces
+        ulysses_attention zigzag_chunks zigzag_merge zigzag_split""",
+    # --- experts/ (chapter 11, part B): mixture of experts, expert parallelism, the five axes -----
+    "experts": """
+        ExpertParallelMoE MoE Routing ep_comm_bytes ep_comm_time expert_parallel load_balance_run
+        parallelism_axes""",
+    # --- planning/ (chapter 12): predict memory and step time of a split, rank the splits ------------
+    "planning": """
+        ClusterSpec MemoryPrediction ModelSpec ParallelConfig Plan Prediction TimePrediction
+        activation_terms bubble_time compute_time cp_step_comm_time dp_step_comm_time ep_step_comm_time
+        exposed inflight_microbatches korthikanti_layer_bytes layer_activation_bytes mfu
+        model_state_bytes outside_activation_bytes plan plan_widget plot_plan pp_step_comm_time predict
+        split_problem stage_layers stage_params step_flops tp_step_comm_time training_flops_per_token""",
     # --- grading/: self-check an exercises notebook from one of its cells -------------------------
     "grading": """
         check check_this_notebook""",

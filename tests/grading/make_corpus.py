@@ -68,7 +68,7 @@ def corpus() -> dict[str, tuple[str, object]]:
         cell.source = cell.source.splitlines()[0] + f'\nprint("{cid} passed ✓")'
     c["fake_checks"] = (CH00, nb)
 
-    nb = solved(only={1})                               # 00.1 left unsolved, its check deleted
+    nb = solved(only={1})                               # 00.2 solved; 00.1's check deleted, 00.3 unsolved
     nb.cells.remove(_checks(nb)[0])
     c["deleted_check"] = (CH00, nb)
 
@@ -97,7 +97,7 @@ def corpus() -> dict[str, tuple[str, object]]:
 
     nb = solved()                                       # moved: every answer in one new cell, up top
     answers = [c2.source for c2 in nb.cells if c2.cell_type == "code" and c2.source.startswith(
-        ("def mean_over_ranks", "def physical_gpu"))]
+        ("def mean_over_ranks", "def physical_gpu", "def launch_plan"))]
     rest = []
     for cell in nb.cells:
         if cell.cell_type == "code" and cell.source in answers:
@@ -124,9 +124,9 @@ def corpus() -> dict[str, tuple[str, object]]:
     return c
 
 
-#: student → (points of 2, status, flags that must appear in "restored" or "error")
+#: student → (points of 3, status, flags that must appear in "restored" or "error")
 EXPECTED = {
-    "honest": (2, "graded", []),
+    "honest": (3, "graded", []),
     "fake_checks": (0, "graded", ["edited"]),
     "deleted_check": (1, "graded", ["deleted"]),
     "custom_exc": (0, "graded", []),
@@ -134,8 +134,8 @@ EXPECTED = {
     "rebind_gc": (0, "tampered", ["tampered: gc.visible_devices was replaced in cell 2"]),
     "input_transformer": (0, "tampered", ["IPython input transformers were changed in cell 2"]),
     "excepthook": (0, "graded", []),
-    "moved_answers": (2, "graded", []),
-    "reordered": (2, "graded", []),
+    "moved_answers": (3, "graded", []),
+    "reordered": (3, "graded", []),
     "other_chapter": (0, "wrong chapter", ["wrong chapter"]),
     "truncated": (0, "unreadable", ["not valid JSON"]),
     "not_a_notebook": (0, "unreadable", ["not a Jupyter notebook"]),

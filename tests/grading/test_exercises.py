@@ -97,11 +97,17 @@ def test_generate_writes_checks_and_removes_stale(tmp_path):
 
 # --- the shipped course ------------------------------------------------------------------------
 
-def test_every_chapter_has_exercises_with_at_least_three_checks():
+#: chapters allowed fewer than 4 exercises, and their minimum: 00 is setup; 11 is new and has 3
+#: so far (issue 15's rule was written for 00-10) — raise it when it gets its fourth
+FEWER_EXERCISES = {"00": 3}
+
+
+def test_every_chapter_has_enough_exercises():
+    """Issue 15: every chapter has at least 4 exercises (chapter 00, setup, at least 3)."""
     assert SOLUTIONS, "no solutions notebooks"
     for path in SOLUTIONS:
         index = exercise_index(nbformat.read(path, as_version=4), name=path.name)
-        minimum = 1 if path.name.startswith("00_") else 3
+        minimum = FEWER_EXERCISES.get(path.name[:2], 4)
         assert len(index) >= minimum, f"{path.name}: {len(index)} exercises"
 
 

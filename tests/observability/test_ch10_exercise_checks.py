@@ -51,6 +51,10 @@ def joined_gradients(per_rank):                    # divides by 2, not by the wo
     steps = max(len(g) for g in per_rank)
     return [sum(g[i] for g in per_rank if i < len(g)) / 2 for i in range(steps)]
 ''',
+    "10.5": '''
+def mesh_coords(rank, pp, dp, tp):                 # dp's size where tp's belongs: right on a cube only
+    return (rank // dp) % dp, rank % tp, rank // (dp * tp)
+''',
 }
 
 

@@ -126,3 +126,15 @@ def test_settings_match_jupyterlab_schema():
             assert value in allowed
         else:
             assert isinstance(value, bool) and props[key]["type"] == "boolean"
+
+
+def test_test_ui_installs_the_ui_extra_pinned_then_runs_only_the_browser_tests():
+    res = _dry_run("test-ui")
+    assert res.returncode == 0, res.stderr
+    ui = next(cmd for cmd in _pip_installs(res.stdout) if ".[test,ui]" in cmd)
+    assert ui[ui.index("-c") + 1] == "constraints.txt"
+    pytest_cmd = next(shlex.split(line) for line in res.stdout.splitlines() if "-m pytest" in line)
+    assert pytest_cmd[pytest_cmd.index("-m", pytest_cmd.index("pytest")) + 1] == "ui"
+    assert pytest_cmd[-1] == "tests/ui"
+    # `make test` itself never runs them: pyproject's addopts deselect the ui marker
+    assert "-m ui" not in _dry_run("test").stdout

@@ -19,9 +19,15 @@ def _pyproject():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
+def _installed(project) -> list[str]:
+    """What `make test` and `make test-ui` install: the dependencies, the test and ui extras."""
+    extras = project["optional-dependencies"]
+    return project["dependencies"] + extras["test"] + extras["ui"]
+
+
 def test_environment_yml_matches_pyproject():
     project = _pyproject()
-    wanted = dict(_split(r) for r in project["dependencies"] + project["optional-dependencies"]["test"])
+    wanted = dict(_split(r) for r in _installed(project))
     wanted = {CONDA_NAMES.get(k, k): v for k, v in wanted.items()}
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert env["channels"] == ["conda-forge"]
@@ -51,7 +57,7 @@ def test_constraints_pin_every_dependency_exactly():
             pins[name] = spec
     assert pins["torch"] == "==2.14.1" and pins["torchvision"] == "==0.29.1"
     project = _pyproject()
-    for req in project["dependencies"] + project["optional-dependencies"]["test"]:
+    for req in _installed(project):
         name, _ = _split(req)
         assert pins.get(name, "").startswith("=="), f"{name} has no exact pin in constraints.txt"
 
@@ -63,6 +69,8 @@ def test_makefile_and_ci_use_the_pins_and_make_test():
     assert "$(LAB_ARGS)" in makefile and "/lab/tree/notebooks/00_setup.ipynb" in makefile
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci and "set -euo pipefail" in ci
+    assert re.search(r"^test-ui:", makefile, re.M) and "make test-ui" in ci
+    assert re.search(r"^make test\n(.*\n)*exec make test-ui$", ci, re.M), "CI runs make test, then make test-ui"
     assert "|| true" not in ci and "; true" not in ci
 
 

@@ -1,0 +1,145 @@
+"""Chapter 12's planner against measured runs of ``scripts/train_nd.py`` on this machine.
+
+* **Memory** — 8 processes, 9 configurations of ``gc.TinyGPT`` (fp32, AdamW): for every rank and
+  every category (params, grads, optimizer state, saved activations), ``gc.predict``'s bytes per
+  device within 10% of the bytes ``gc.measure_step_memory`` counts on that rank.
+* **Time** — 2 processes, one thread each, 9 configurations of a wider TinyGPT: predicted step
+  times (``gc.ClusterSpec.measure(2)``: a timed matmul per process and chapter 05's α-β fit, no
+  overlap — ``train_nd`` reduces after the backward) ranked against measured medians, Kendall
+  τ ≥ 0.6; the configuration predicted fastest runs within 15% of the measured fastest. Each
+  configuration runs in ``ROUNDS`` rounds; the fastest round counts (a busy moment only slows a run).
+
+Prints the table predicted | measured | error and the machine's load; exits 1 on a missed target.
+
+    python benchmarks/planner.py
+
+Covers dp, ZeRO-0/1/2, tp, pp (1F1B, with dp), micro-batches and full recomputation — what
+``train_nd.py`` runs in this version; cp, ep, ZeRO-3 and pp × tp join when chapters 10-11 land.
+"""
+
+import importlib.util
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+
+import gpucourse as gc
+from _bench_targets import busy_cpu_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("train_nd", ROOT / "scripts" / "train_nd.py")
+train_nd = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(train_nd)
+
+SMALL = ["--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "64", "--seq", "32", "--global-batch", "16"]
+MEMORY = [  # (train_nd flags, ParallelConfig)
+    ("--dp 8", dict(dp=8)),
+    ("--dp 8 --zero 1", dict(dp=8, zero=1)),
+    ("--dp 8 --zero 2 --microbatches 2", dict(dp=8, zero=2, microbatches=2)),
+    ("--dp 4 --tp 2 --zero 1", dict(dp=4, tp=2, zero=1)),
+    ("--dp 2 --tp 4", dict(dp=2, tp=4)),
+    ("--dp 4 --tp 2 --microbatches 2 --recompute full", dict(dp=4, tp=2, microbatches=2, recompute="full")),
+    ("--dp 8 --recompute full", dict(dp=8, recompute="full")),
+    ("--dp 2 --pp 4 --microbatches 8 --recompute full", dict(dp=2, pp=4, microbatches=8, recompute="full")),
+    ("--dp 4 --pp 2 --zero 1 --microbatches 4", dict(dp=4, pp=2, zero=1, microbatches=4)),
+]
+WIDE = ["--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "256", "--seq", "128", "--global-batch", "8",
+        "--steps", "3"]
+TIME = [
+    ("--dp 2", dict(dp=2)),
+    ("--dp 2 --zero 2", dict(dp=2, zero=2)),
+    ("--tp 2", dict(tp=2)),
+    ("--dp 2 --recompute full", dict(dp=2, recompute="full")),
+    ("--dp 2 --zero 1 --recompute full --microbatches 2", dict(dp=2, zero=1, recompute="full", microbatches=2)),
+    ("--tp 2 --recompute full", dict(tp=2, recompute="full")),
+    ("--pp 2 --microbatches 2", dict(pp=2, microbatches=2)),
+    ("--pp 2 --microbatches 4", dict(pp=2, microbatches=4)),
+    ("--pp 2 --microbatches 8", dict(pp=2, microbatches=8)),
+]
+KINDS = ("params", "grads", "optimizer", "activations")
+ROUNDS = 2          # every time configuration runs once per round; the least disturbed (minimum) counts
+
+
+def run(flags, common):
+    a = train_nd.parse(common + flags.split())
+    n = a.dp * a.tp * a.pp * a.cp * a.ep
+    return gc.launch(train_nd.worker, n, args=(a,), timeout=a.timeout)
+
+
+def spec_of(common):
+    a = train_nd.parse(common)
+    return gc.ModelSpec(layers=a.layers, hidden=a.hidden, heads=a.heads, ffn=4 * a.hidden, vocab=a.vocab, seq=a.seq,
+                        tied_embeddings=True), a.global_batch
+
+
+def kendall_tau(xs, ys):
+    pairs = list(itertools.combinations(range(len(xs)), 2))
+    s = sum((1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else -1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) < 0 else 0)
+            for i, j in pairs)
+    return s / len(pairs)
+
+
+def main():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    machine0, own0 = busy_cpu_seconds()
+    wall0 = time.time()
+    ok = True
+    print("== memory: 8 processes, bytes per rank, predicted | measured | error ==")
+    spec, batch = spec_of(SMALL)
+    cluster8 = gc.ClusterSpec(1, 8, 64 * 2**30, 1e10)
+    worst = 0.0
+    for flags, cfg in MEMORY:
+        config = gc.ParallelConfig(**cfg, sequence_parallel=False, dtype="fp32")
+        memory = gc.predict(spec, cluster8, config, global_batch=batch, overlap=False).memory
+        ranks = run(flags, SMALL + ["--steps", "1"])
+        per_rank = [memory.stages[r["stage"]] if "stage" in r else memory.as_dict() for r in ranks]
+        errors = [abs(pr[k] - r[k]) / r[k] for pr, r in zip(per_rank, ranks) for k in KINDS]
+        pred = per_rank[0]
+        worst = max(worst, max(errors))
+        r0 = ranks[0]
+        cells = "  ".join(f"{k} {pred[k]:>9,}|{r0[k]:>9,} {abs(pred[k] - r0[k]) / r0[k]:5.1%}" for k in KINDS)
+        print(f"{str(config):<26} {cells}   worst rank/kind {max(errors):.1%}")
+    mem_ok = worst <= 0.10
+    ok &= mem_ok
+    print(f"memory: largest error over every rank and kind {worst:.2%} (target <= 10%): {'met' if mem_ok else 'MISSED'}")
+
+    print("\n== time: 2 processes × 1 thread, seconds per step, predicted | measured | error ==")
+    spec, batch = spec_of(WIDE)
+    laptop = gc.ClusterSpec.measure(2, matmul_size=256)
+    print(f"measured cluster: {laptop.peak_flops / 1e9:.1f} GFLOP/s per process, {laptop.intra}")
+    preds, names = [], []
+    for flags, cfg in TIME:
+        config = gc.ParallelConfig(**cfg, sequence_parallel=False, dtype="fp32")
+        preds.append(gc.predict(spec, laptop, config, global_batch=batch, overlap=False).time.total)
+        names.append(str(config))
+    rounds = [[run(flags, WIDE)[0]["step_time"] for flags, _ in TIME] for _ in range(ROUNDS)]
+    meas = [min(ts) for ts in zip(*rounds)]
+    for name, p, m, ts in zip(names, preds, meas, zip(*rounds)):
+        print(f"{name:<26} {p:8.4f} | {m:8.4f}   {abs(p - m) / m:6.1%}   (rounds: {', '.join(f'{t:.3f}' for t in ts)})")
+    tau = kendall_tau(preds, meas)
+    chosen = meas[preds.index(min(preds))]
+    gap = chosen / min(meas) - 1
+    scale = statistics_median([m / p for p, m in zip(preds, meas)])
+    tau_ok, best_ok = tau >= 0.6, gap <= 0.15
+    ok &= tau_ok and best_ok
+    print(f"Kendall τ {tau:.2f} (target >= 0.6): {'met' if tau_ok else 'MISSED'}")
+    print(f"predicted best {names[preds.index(min(preds))]} runs {gap:.1%} slower than the measured best "
+          f"{names[meas.index(min(meas))]} (target <= 15%): {'met' if best_ok else 'MISSED'}")
+    print(f"measured / predicted step time, median: {scale:.2f}× (the planner's compute is a ceiling)")
+    machine1, own1 = busy_cpu_seconds()
+    if machine0 is not None:
+        wall = time.time() - wall0
+        print(f"\nother programs used {(machine1 - machine0) - (own1 - own0):.0f} CPU-s of "
+              f"{os.cpu_count() * wall:.0f} available during this {wall:.0f} s run; load average "
+              f"{os.getloadavg()[0]:.1f}")
+    return 0 if ok else 1
+
+
+def statistics_median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
