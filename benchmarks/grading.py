@@ -5,8 +5,9 @@ a quarter cheating (edited checks, a no-op assert_close, a hidden error display,
 transformer), a quarter broken (unsolved, truncated, not a notebook) — and one solved submission
 that prints 300 MB. Each class is graded by `python -m gpucourse grade --workers W` in a
 subprocess whose memory (the grader and its sandbox shepherds, not the student kernels) is sampled
-from /proc every 0.1 s. Note: `python -m gpucourse` imports the package and so torch (~550 MB
-resident before any grading); the breakdown printed shows that baseline and the growth.
+from /proc every 0.1 s. The grader never imports torch (`import gpucourse` is lazy; only the
+students' kernels load it); the breakdown printed shows the grader's baseline and its growth, and
+where a notebook's wall time goes (shepherd start, kernel start, cells).
 
     python benchmarks/grading.py                 # targets: ratio >= 1.6x, peak <= 500 MB, 0 mis-graded
     python benchmarks/grading.py --per-chapter 8 # a quicker, smaller class
@@ -78,33 +79,36 @@ def _memory(pid: int) -> tuple[int, int]:
     return rss, anon
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (any of its threads), from /proc/<pid>/task/*/children: the
+    sampler reads the grader's own tree only, not all of /proc (it shares the 2 cores it measures)."""
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
 def _tree(root_pid: int) -> dict[str, int]:
     """Memory of the grader and its sandbox shepherds (student kernels and their ranks excluded):
     the grader's RSS, and RSS / anonymous RSS summed over grader + shepherds."""
-    parents, cmd = {}, {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_bytes()
-            parents[int(name)] = int(stat[stat.rindex(b")") + 2:].split()[1])
-            cmd[int(name)] = Path(f"/proc/{name}/cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
     out = {"main": 0, "tree": 0, "anon": 0}
     todo = [root_pid]
     while todo:
         p = todo.pop()
-        if b"ipykernel" in cmd.get(p, b""):
-            continue                                    # a student's kernel: limited, not the grader
         try:
+            if b"ipykernel" in Path(f"/proc/{p}/cmdline").read_bytes():
+                continue                                # a student's kernel: limited, not the grader
             rss, anon = _memory(p)
         except (OSError, ValueError):
             continue
         out["main"] = out["main"] or rss
         out["tree"] += rss
         out["anon"] += anon
-        todo += [c for c, pp in parents.items() if pp == p]
+        todo += _children(p)
     return out
 
 
@@ -134,7 +138,21 @@ def run(folder: Path, workers: int, out: Path) -> dict:
     return {"seconds": elapsed, "main_mb": peak["main"] / 2**20,
             "baseline_mb": (baseline[0] if baseline else 0) / 2**20, "tree_mb": peak["tree"] / 2**20,
             "anon_mb": peak["anon"] / 2**20,
-            "rows": json.loads(out.read_text())["rows"], "code": proc.returncode}
+            "rows": json.loads(out.read_text())["rows"], "code": proc.returncode,
+            "notebooks": json.loads(out.read_text())["notebooks"]}
+
+
+def phases(notebooks: list[dict]) -> str:
+    """Mean seconds per graded notebook in each phase (as the shepherds measured them)."""
+    graded = [nb["phases"] for nb in notebooks if nb.get("phases")]
+    if not graded:
+        return "no notebook ran"
+    mean = {k: sum(p.get(k, 0.0) for p in graded) / len(graded)
+            for k in ("shepherd_start", "kernel_start", "cells", "kernel_stop")}
+    wall = sum(nb["wall_seconds"] for nb in notebooks if nb.get("phases")) / len(graded)
+    return (f"per notebook run ({len(graded)}): {wall:.1f} s wall = shepherd start {mean['shepherd_start']:.1f} + "
+            f"kernel start (with torch) {mean['kernel_start']:.1f} + cells {mean['cells']:.1f} + kernel stop "
+            f"{mean['kernel_stop']:.1f} + rest {wall - sum(mean.values()):.1f}")
 
 
 def misgraded(rows: list[dict], expected: dict[str, float]) -> list[str]:
@@ -170,6 +188,7 @@ def main():
                   f"after importing gpucourse, before the first notebook), grader + shepherds "
                   f"{r['tree_mb']:.0f} MB RSS of which {r['anon_mb']:.0f} MB anonymous (heap); "
                   f"mis-graded {len(bad)}", flush=True)
+            print("   ", phases(r["notebooks"]))
             for line in bad[:10]:
                 print("   ", line)
     ratio = results[1]["seconds"] / results[2]["seconds"]

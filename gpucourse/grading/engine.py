@@ -92,7 +92,8 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
     deadline = time.monotonic() + notebook_timeout + 600
     cells: list[dict] = [{"status": "not run", "error": "", "message": "", "seconds": 0.0}
                          for _ in nb.cells]
-    record: dict = {"cells": cells, "tampered": None, "ran": [], "fatal": ""}
+    record: dict = {"cells": cells, "tampered": None, "ran": [], "fatal": "", "phases": {}}
+    phases, t0 = record["phases"], time.time()
 
     class Client(NotebookClient):
         def output(self, outs, msg, display_id, cell_index):
@@ -138,6 +139,7 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                     record["fatal"] = "the grader could not prepare the kernel"
                     return
                 deadline = time.monotonic() + notebook_timeout
+                phases["kernel_start"] = round(time.time() - t0, 3)
                 for index, cell in enumerate(self.nb.cells):
                     if cell.cell_type != "code" or not cell.source.strip():
                         cells[index]["status"] = "ok"
@@ -151,6 +153,8 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                     record["ran"] = report["ran"]
                     if report["tampered"] and record["tampered"] is None:
                         record["tampered"] = {"cell": index, "what": report["tampered"]}
+                phases["cells"] = round(time.time() - t0 - phases["kernel_start"], 3)
+                t_stop[0] = time.time()
 
     def on_executed(cell, cell_index, execute_reply, **kw):
         content = (execute_reply or {}).get("content", {})
@@ -177,6 +181,7 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                     iopub_timeout=10, raise_on_iopub_timeout=False, kernel_name="python3",
                     resources={"metadata": {"path": cwd}}, shutdown_kernel="immediate")
     client._sizes, client._cut = {}, set()
+    t_stop = [0.0]
     try:
         asyncio.run(client.run(env))
     except CellTimeoutError:
@@ -189,6 +194,8 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                           "resource limit, or the notebook ended its own process)"
     except Exception as e:  # noqa: BLE001 - the grader reports, never crashes, on one notebook
         record["fatal"] = f"grading stopped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if t_stop[0]:
+        phases["kernel_stop"] = round(time.time() - t_stop[0], 3)
     return record
 
 

@@ -250,7 +250,7 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     if json_path:
         write_json(rows, json_path, isolation=line, notebooks=[
             {"student": g.sub.student, "notebook": str(g.sub.path), "status": g.status, "problem": g.problem,
-             "wall_seconds": g.record.get("wall_seconds", 0.0),
+             "wall_seconds": g.record.get("wall_seconds", 0.0), "phases": g.record.get("phases", {}),
              "processes_killed_after": g.record.get("leftovers_killed", 0)} for g in graded])
     if feedback:
         write_feedback(rows, feedback, fmt=feedback_format)

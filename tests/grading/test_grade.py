@@ -263,3 +263,23 @@ def test_file_size_limit_applies_to_the_notebook(tiny_release, tmp_path):
                        mode=isolation(), work_root=tmp_path)
     assert g.rows[0].visible == "✓"
     assert any("File too large" in err for _, err in g.others), g.others
+
+
+def test_grader_process_never_imports_torch(tmp_path):
+    """The grader only reads, restores and schedules notebooks (their kernels import torch): `import
+    gpucourse` is lazy, and neither the grading modules, nor `grade` on a class, nor `exercises
+    --check` load torch in the grader's process. The first `gc.<name>` of a part then does."""
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "alice" / "00_setup_exercises.ipynb").write_bytes(b'{"cells": [')     # truncated
+    code = (
+        "import sys, gpucourse, gpucourse.grading.grade, gpucourse.grading.nbgrader, gpucourse.__main__\n"
+        "from gpucourse.__main__ import main\n"
+        f"graded = main(['grade', {str(tmp_path)!r}, '--release', {str(ROOT / 'exercises')!r}])\n"
+        f"stale = main(['exercises', '--check', '--solutions', {str(ROOT / 'solutions')!r},"
+        f" '--exercises', {str(ROOT / 'exercises')!r}])\n"
+        "before = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "gpucourse.TinyGPT\n"
+        "print(graded, stale, len(before), 'torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == "2 0 0 True", r.stdout + r.stderr

@@ -111,16 +111,18 @@ def test_output_is_cut_in_the_kernel_and_status_is_the_reply():
 
 
 def test_the_shepherd_loads_grading_without_torch():
-    """The sandbox's shepherd imports gpucourse/grading on its own: no torch, no other part."""
+    """The sandbox's shepherd imports gpucourse/grading on its own: no torch, no other part, and not
+    the IRI grammar jsonschema would build for nbformat (0.8 CPU s per notebook graded)."""
     import subprocess
     import sys
 
     from gpucourse.grading.sandbox import _BOOT, _GRADING_DIR
 
     code = _BOOT.replace("from gpucourse_grading.sandbox import shepherd_main; shepherd_main()",
-                         "import gpucourse_grading.grade, gpucourse_grading.nbgrader; "
+                         "import gpucourse_grading.grade, gpucourse_grading.nbgrader, nbclient; "
+                         "import gpucourse_grading.engine as e; e._current_env_kernel_manager(); "
                          "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-                         "('torch', 'gpucourse')))")
+                         "('torch', 'gpucourse', 'lark', 'rfc3987_syntax') and sys.modules[m]))")
     r = subprocess.run([sys.executable, "-c", code, str(_GRADING_DIR)], capture_output=True, text=True,
                        timeout=120, check=True)
     assert r.stdout.strip() == "[]", r.stdout

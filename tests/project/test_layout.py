@@ -90,3 +90,30 @@ def test_test_files_have_unique_names():
     tests = Path(__file__).resolve().parents[1]
     names = Counter(p.name for p in tests.rglob("test_*.py"))
     assert [n for n, c in names.items() if c > 1] == []
+
+
+def test_top_level_is_lazy_and_every_name_resolves():
+    """`gpucourse/__init__.py` maps each public name to its part (PEP 562): the map is the whole
+    stable API, each name is its part's own public object, and a clean interpreter gets none of
+    the parts (nor torch) from `import gpucourse` alone."""
+    import importlib
+    import subprocess
+    import sys
+
+    assert len(gc.__all__) == len(set(gc.__all__)), "a name is mapped to two parts"
+    assert set(gc._PARTS) <= set(PARTS)
+    wrong = []
+    for name in gc.__all__:
+        part = importlib.import_module(f"gpucourse.{gc._WHERE[name]}")
+        if name not in getattr(part, "__all__", []) or getattr(gc, name) is not getattr(part, name):
+            wrong.append(f"{gc._WHERE[name]}.{name}")
+    assert wrong == []
+    assert set(gc.__all__) | set(PARTS) <= set(dir(gc))
+    assert all(getattr(gc, part) is importlib.import_module(f"gpucourse.{part}") for part in PARTS)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        gc.no_such_name
+    code = ("import sys, gpucourse as gc; parts = [m for m in sys.modules if m.startswith('gpucourse.')]; "
+            "n = len(gc.__all__); print(parts, 'torch' in sys.modules, gc.launch.__module__, "
+            "'torch' in sys.modules, len(set(dir(gc)) & set(gc.__all__)) == n)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.split() == ["[]", "False", "gpucourse.runtime.launcher", "True", "True"], r.stderr
