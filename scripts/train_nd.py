@@ -9,11 +9,12 @@ micro-batch) and the median time of a training step::
     torchrun --standalone --nproc_per_node=8 scripts/train_nd.py --dp 4 --tp 2 --zero 1
 
 Axes in this version: data parallel (``--dp``, with ``--zero 0|1|2`` from chapter 08's
-``gc.ZeroOptimizer``), tensor parallel (``--tp``, chapter 09's ``gc.tensor_parallel_gpt``, no
+``gc.ZeroOptimizer``; ``--zero 3`` from its ``gc.FullyShardedModule``, with dp and micro-batches
+only), tensor parallel (``--tp``, chapter 09's ``gc.tensor_parallel_gpt``, no
 sequence parallelism), pipeline parallel (``--pp``, chapter 07's ``gc.pipeline_step`` with 1F1B,
 combined with dp; stages cut by ``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
 accumulation without pp) and ``--recompute none|full`` (each block checkpointed). ``--cp``,
-``--ep``, ZeRO-3 and pp × tp wait for chapters 10 and 11's 3-D capstone, ring attention and expert
+``--ep`` and pp × tp wait for chapters 10 and 11's 3-D capstone, ring attention and expert
 parallel to land (see the chapter 12 issue); the flags exist and say so. Mesh order: tp innermost
 (neighbouring ranks), then dp, then pp.
 """
@@ -52,9 +53,11 @@ def parse(argv=None):
     p.add_argument("--timeout", type=float, default=300.0)
     a = p.parse_args(argv)
     world = a.dp * a.tp * a.pp * a.cp * a.ep
-    if a.cp > 1 or a.ep > 1 or a.zero == 3 or a.recompute == "selective" or (a.pp > 1 and a.tp > 1):
-        p.error("--cp, --ep, --zero 3, --recompute selective and --pp with --tp need chapters 10-11 merged "
+    if a.cp > 1 or a.ep > 1 or a.recompute == "selective" or (a.pp > 1 and a.tp > 1):
+        p.error("--cp, --ep, --recompute selective and --pp with --tp need chapters 10-11 merged "
                 "(not in this version of train_nd.py)")
+    if a.zero == 3 and (a.tp > 1 or a.pp > 1 or a.recompute != "none"):
+        p.error("--zero 3 (chapter 08's gc.FullyShardedModule over dp) runs with --dp and --microbatches only")
     if a.pp > a.layers:
         p.error(f"--pp {a.pp} is more stages than --layers {a.layers}")
     if a.global_batch % (a.dp * a.microbatches):
@@ -90,12 +93,13 @@ class AllReduceOptimizer:
 class LossOf(torch.nn.Module):
     """``forward(idx)`` returns the model's loss on ``self.targets`` (for ``gc.measure_step_memory``)."""
 
-    def __init__(self, model):
+    def __init__(self, model, loss=None):
         super().__init__()
         self.model, self.targets = model, None
+        self.loss = loss or model.loss
 
     def forward(self, idx):
-        return self.model.loss(idx, self.targets)
+        return self.loss(idx, self.targets)
 
 
 def checkpoint_blocks(model):
@@ -218,7 +222,12 @@ def worker(rank, world_size, a):
         model = gc.tensor_parallel_gpt(model, tp_group)
     if a.recompute == "full":
         checkpoint_blocks(model)
-    if a.zero and a.dp > 1:
+    loss_of = model.loss
+    if a.zero == 3 and a.dp > 1:          # ZeRO-3: every layer sharded over dp (the tied tok_emb kept gathered)
+        model = gc.FullyShardedModule(model, group=dp_group)
+        loss_of = lambda idx, t: torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), t.flatten())  # noqa: E731
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif a.zero and a.dp > 1:
         opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=a.zero, group=dp_group, lr=1e-3)
     elif a.dp > 1:
         opt = AllReduceOptimizer(model.parameters(), torch.optim.AdamW(model.parameters(), lr=1e-3), dp_group)
@@ -228,7 +237,7 @@ def worker(rank, world_size, a):
     g = torch.Generator().manual_seed(1000 + dp_rank)                   # tp ranks share their batch
     batches = [torch.randint(0, a.vocab, (a.microbatches, micro, a.seq), generator=g) for _ in range(2)]
 
-    wrapped = LossOf(model)
+    wrapped = LossOf(model, loss_of)
     wrapped.targets = batches[0][0]
     memory = gc.measure_step_memory(wrapped, opt, batches[0][0], batches[0][0], loss_fn=lambda out, target: out)
 
@@ -238,7 +247,7 @@ def worker(rank, world_size, a):
         dist.barrier()
         start = time.perf_counter()
         for m in range(a.microbatches):
-            (model.loss(x[m], x[m]) / a.microbatches).backward()
+            (loss_of(x[m], x[m]) / a.microbatches).backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
         t = torch.tensor([time.perf_counter() - start])
