@@ -11,7 +11,7 @@ this rank held, so that the lesson and ``benchmarks/sharding.py`` compare strate
 | ``"zero1"``, ``"zero2"`` | the plain model | :class:`ZeroOptimizer` stage 1 / 2 |
 | ``"zero3"`` | :class:`FullyShardedModule` | ``optimizer_class`` on the shards |
 | ``"torch_zero"`` | ``DistributedDataParallel(model)`` | torch's ``ZeroRedundancyOptimizer`` |
-| ``"fsdp2"`` | ``fully_shard`` on every layer (inside ``ModuleList``\ s, not embeddings), then the root | ``optimizer_class`` on the DTensor shards |
+| ``"fsdp2"`` | ``fully_shard`` on every layer (inside a ``ModuleList``, not embeddings), then the root | ``optimizer_class`` on the DTensor shards |
 
 Tied weights (GPT's head ``x @ tok_emb.weightᵀ``): a layer's parameters exist whole only while the
 layer runs, so ``"zero3"`` and ``"fsdp2"`` keep every ``nn.Embedding`` gathered for the whole
