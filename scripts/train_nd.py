@@ -57,7 +57,8 @@ def parse(argv=None):
         p.error("--cp, --ep, --recompute selective and --pp with --tp need chapters 10-11 merged "
                 "(not in this version of train_nd.py)")
     if a.zero == 3 and (a.tp > 1 or a.pp > 1 or a.recompute != "none"):
-        p.error("--zero 3 (chapter 08's gc.FullyShardedModule over dp) runs with --dp and --microbatches only")
+        p.error("--zero 3 (chapter 08's gc.FullyShardedModule over dp) runs with --dp and --microbatches "
+                "only")
     if a.pp > a.layers:
         p.error(f"--pp {a.pp} is more stages than --layers {a.layers}")
     if a.global_batch % (a.dp * a.microbatches):
@@ -223,9 +224,11 @@ def worker(rank, world_size, a):
     if a.recompute == "full":
         checkpoint_blocks(model)
     loss_of = model.loss
-    if a.zero == 3 and a.dp > 1:          # ZeRO-3: every layer sharded over dp (the tied tok_emb kept gathered)
+    if a.zero == 3 and a.dp > 1:          # ZeRO-3: every layer sharded over dp, the tied tok_emb gathered
         model = gc.FullyShardedModule(model, group=dp_group)
-        loss_of = lambda idx, t: torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), t.flatten())  # noqa: E731
+
+        def loss_of(idx, targets):        # TinyGPT.loss, called through the sharded wrapper
+            return torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), targets.flatten())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     elif a.zero and a.dp > 1:
         opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=a.zero, group=dp_group, lr=1e-3)

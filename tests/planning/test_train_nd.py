@@ -18,7 +18,8 @@ SMALL = ["--layers", "2", "--hidden", "32", "--heads", "4", "--vocab", "40", "--
 @pytest.mark.parametrize("flags,cfg", [("--tp 2 --recompute full", dict(tp=2, recompute="full")),
                                        ("--dp 2 --zero 1 --microbatches 2", dict(dp=2, zero=1, microbatches=2)),
                                        ("--pp 2 --microbatches 4", dict(pp=2, microbatches=4)),
-                                       ("--dp 2 --zero 3 --microbatches 2", dict(dp=2, zero=3, microbatches=2))])
+                                       ("--dp 2 --zero 3 --microbatches 2",
+                                        dict(dp=2, zero=3, microbatches=2))])
 def test_counted_bytes_match_predict(flags, cfg):
     a = train_nd.parse(SMALL + flags.split())
     ranks = gc.launch(train_nd.worker, 2, args=(a,), timeout=120)
@@ -33,7 +34,8 @@ def test_counted_bytes_match_predict(flags, cfg):
 
 
 def test_axes_not_yet_built_are_refused(capsys):
-    for flags in ("--pp 2 --tp 2", "--cp 2", "--ep 2", "--dp 2 --tp 2 --zero 3", "--dp 2 --zero 3 --recompute full"):
+    for flags in ("--pp 2 --tp 2", "--cp 2", "--ep 2", "--dp 2 --tp 2 --zero 3",
+                  "--dp 2 --zero 3 --recompute full"):
         with pytest.raises(SystemExit):
             train_nd.parse(SMALL + flags.split())
     err = capsys.readouterr().err
