@@ -65,3 +65,41 @@ def test_keep_gathered_is_checked():
         gc.FullyShardedModule(make_gpt(), keep_gathered=["head"])
     with pytest.raises(TypeError, match="keep_gathered"):
         gc.FullyShardedModule(make_gpt(), keep_gathered="tok_emb")
+
+
+class TiedMLP(torch.nn.Module):
+    """A head tied to a Linear (not an embedding): only ``keep_gathered=["inp"]`` makes it work."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.mid = torch.nn.Linear(4, 6), torch.nn.Linear(6, 6)
+
+    def forward(self, x):                                   # (B, 4) -> (B, 4)
+        return F.linear(self.mid(torch.tanh(self.inp(x))), self.inp.weight.t())
+
+
+def _tied_mlp_rank(rank, world_size, x, y):
+    torch.manual_seed(0)
+    model = gc.FullyShardedModule(TiedMLP(), keep_gathered=["inp"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        F.mse_loss(model(x.tensor_split(world_size)[rank]), y.tensor_split(world_size)[rank]).backward()
+        opt.step()
+        opt.zero_grad()
+    return model.full_state_dict()
+
+
+def test_keep_gathered_names_a_tied_linear():
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+    torch.manual_seed(0)
+    ref = TiedMLP()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for _ in range(2):
+        F.mse_loss(ref(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    got = gc.launch(_tied_mlp_rank, 2, args=(x, y), timeout=60)
+    for state in got:
+        for k, v in ref.state_dict().items():
+            torch.testing.assert_close(state[k], v, atol=1e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
