@@ -48,7 +48,7 @@ def test_counted_bytes_match_predict(flags, cfg, same_as, request):
         assert r["step_time"] > 0
         for kind in ("params", "grads", "optimizer", "activations"):
             # MoE: the tokens each expert receives depend on the routing; the planner assumes an even split
-            tol = 0.10 if moe and kind == "activations" else 0.02
+            tol = 0.05 if moe and kind == "activations" else 0.02
             assert r[kind] == pytest.approx(want[kind], rel=tol), (kind, r[kind], want[kind])
     if same_as:            # the first step's loss, and the loss after one optimizer step (gradients right)
         want = request.getfixturevalue("reference")[same_as]
