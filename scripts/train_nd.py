@@ -3,9 +3,13 @@ checks chapter 12's planner.
 
 Every rank prints one JSON line: its coordinates, the bytes of parameters, gradients, optimizer
 state and saved activations it holds (counted by chapter 08's ``gc.measure_step_memory`` on one
-micro-batch) and the median time of a training step::
+micro-batch), the median time of a training step and the global batch's loss at every step (the
+same numbers as a less split run with the same seed: the split changes where the work runs, not
+what is computed)::
 
     python scripts/train_nd.py --nprocs 8 --dp 4 --tp 2 --zero 1 --microbatches 2
+    python scripts/train_nd.py --nprocs 8 --dp 2 --tp 2 --cp 2
+    python scripts/train_nd.py --nprocs 8 --dp 2 --ep 4 --experts 4 --top-k 2
     torchrun --standalone --nproc_per_node=8 scripts/train_nd.py --dp 4 --tp 2 --zero 1
 
 Axes in this version: data parallel (``--dp``, with ``--zero 0|1|2`` from chapter 08's
