@@ -3,20 +3,32 @@ checks chapter 12's planner.
 
 Every rank prints one JSON line: its coordinates, the bytes of parameters, gradients, optimizer
 state and saved activations it holds (counted by chapter 08's ``gc.measure_step_memory`` on one
-micro-batch) and the median time of a training step::
+micro-batch), the median time of a training step and the global batch's loss at every step (the
+same numbers as a less split run with the same seed: the split changes where the work runs, not
+what is computed)::
 
     python scripts/train_nd.py --nprocs 8 --dp 4 --tp 2 --zero 1 --microbatches 2
+    python scripts/train_nd.py --nprocs 8 --dp 2 --tp 2 --cp 2
+    python scripts/train_nd.py --nprocs 8 --dp 2 --ep 4 --experts 4 --top-k 2
     torchrun --standalone --nproc_per_node=8 scripts/train_nd.py --dp 4 --tp 2 --zero 1
 
 Axes in this version: data parallel (``--dp``, with ``--zero 0|1|2`` from chapter 08's
-``gc.ZeroOptimizer``; ``--zero 3`` from its ``gc.FullyShardedModule``, with dp and micro-batches
-only), tensor parallel (``--tp``, chapter 09's ``gc.tensor_parallel_gpt``, no
-sequence parallelism), pipeline parallel (``--pp``, chapter 07's ``gc.pipeline_step`` with 1F1B,
-combined with dp; stages cut by ``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
-accumulation without pp) and ``--recompute none|full`` (each block checkpointed). ``--cp``,
-``--ep`` and pp × tp wait for chapters 10 and 11's 3-D capstone, ring attention and expert
-parallel to land (see the chapter 12 issue); the flags exist and say so. Mesh order: tp innermost
-(neighbouring ranks), then dp, then pp.
+``gc.ZeroOptimizer``), tensor parallel (``--tp``, chapter 09's ``gc.tensor_parallel_gpt``, no
+sequence parallelism), context parallel (``--cp``, chapter 11's ``gc.ring_attention`` with the
+zig-zag layout: each cp rank holds two chunks of every sequence), expert parallel (``--ep`` with
+``--experts E --top-k k``: every feed-forward is a ``gc.MoE`` whose experts ``gc.expert_parallel``
+spreads over the ep group), pipeline parallel (``--pp``, chapter 07's ``gc.pipeline_step`` with 1F1B,
+combined with dp and tp — a tp × pp stage is chapter 10's ``gc.PipelineStage3D``; stages cut by
+``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
+accumulation without pp) and ``--recompute none|full`` (each block checkpointed). ``--zero 3`` is
+chapter 08's ``gc.FullyShardedModule`` over dp (with dp and micro-batches only).
+
+Mesh order (Megatron-LM's): tp innermost (neighbouring ranks), then cp, ep, dp, pp. cp and ep ranks
+are data-parallel ranks for the dense parameters — their gradients are summed over dp·cp·ep; an
+expert's over dp·cp (the ranks holding a copy of it); both divided by dp·cp·ep, the number of
+pieces the global batch was cut into. Not yet: ZeRO-3 with other axes, ``--recompute selective``, ``--pp`` with
+``--cp``/``--ep``, full recomputation with ``--pp`` and ``--tp``, ``--zero`` with ``--ep`` and
+``--experts`` with ``--tp`` (the flags exist and say so).
 """
 
 from __future__ import annotations
@@ -47,48 +59,158 @@ def parse(argv=None):
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=64)
     p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--experts", type=int, default=1, help="experts per MoE feed-forward (1: a dense MLP)")
+    p.add_argument("--top-k", type=int, default=1, help="experts per token")
     p.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--nprocs", type=int, default=0, help="start the ranks with gc.launch instead of torchrun")
     p.add_argument("--timeout", type=float, default=300.0)
     a = p.parse_args(argv)
     world = a.dp * a.tp * a.pp * a.cp * a.ep
-    if a.cp > 1 or a.ep > 1 or a.recompute == "selective" or (a.pp > 1 and a.tp > 1):
-        p.error("--cp, --ep, --recompute selective and --pp with --tp need chapters 10-11 merged "
-                "(not in this version of train_nd.py)")
-    if a.zero == 3 and (a.tp > 1 or a.pp > 1 or a.recompute != "none"):
-        p.error("--zero 3 (chapter 08's gc.FullyShardedModule over dp) runs with --dp and --microbatches "
-                "only")
+    unsupported = [what for what, bad in (
+        ("--zero 3 with --tp/--pp/--cp/--ep or --recompute",
+         a.zero == 3 and (a.tp * a.pp * a.cp * a.ep > 1 or a.recompute != "none")),
+        ("--recompute selective", a.recompute == "selective"),
+        ("--pp with --cp or --ep", a.pp > 1 and a.cp * a.ep > 1),
+        ("--recompute full with --pp and --tp", a.pp > 1 and a.tp > 1 and a.recompute == "full"),
+        ("--zero with --ep", a.zero and a.ep > 1), ("--experts with --tp", a.experts > 1 and a.tp > 1)) if bad]
+    if unsupported:
+        p.error(f"{', '.join(unsupported)}: not supported by this version of train_nd.py "
+                "(supported: dp, zero 0-2 (3 with dp only), tp, cp, ep, pp × dp × tp, micro-batches, recompute none|full)")
+    if a.ep > 1 and a.experts % a.ep:
+        p.error(f"--ep {a.ep} must divide --experts {a.experts}")
+    if not 1 <= a.top_k <= a.experts:
+        p.error(f"--top-k {a.top_k} must be between 1 and --experts {a.experts}")
+    if a.seq % (2 * a.cp):
+        p.error(f"--seq {a.seq} must divide by 2·cp = {2 * a.cp} (the zig-zag layout cuts 2·cp chunks)")
     if a.pp > a.layers:
         p.error(f"--pp {a.pp} is more stages than --layers {a.layers}")
-    if a.global_batch % (a.dp * a.microbatches):
-        p.error(f"--global-batch {a.global_batch} must divide by dp × microbatches = {a.dp * a.microbatches}")
+    if a.global_batch % (a.dp * a.ep * a.microbatches):
+        p.error(f"--global-batch {a.global_batch} must divide by dp × ep × microbatches = "
+                f"{a.dp * a.ep * a.microbatches}")
     if a.nprocs and a.nprocs != world:
         p.error(f"--nprocs {a.nprocs} but dp·tp·pp·cp·ep = {world}")
     return a
 
 
 class AllReduceOptimizer:
-    """Plain data parallelism (ZeRO-0): average the gradients over ``group``, then step."""
+    """Plain data parallelism (ZeRO-0): sum each parameter set's gradients over its group, divide by
+    ``replicas`` (the pieces the global batch was cut into), then step.
 
-    def __init__(self, params, optim, group):
-        self.params, self.group = list(params), group
-        self.optim = optim
+    ``buckets``: ``[(params, group), …]`` — dense parameters over dp·cp·ep, experts over dp·cp."""
+
+    def __init__(self, buckets, optim, replicas):
+        self.buckets = [(list(params), group) for params, group in buckets if list(params)]
+        self.optim, self.replicas = optim, replicas
         self.param_groups = optim.param_groups
 
     def step(self):
-        n = dist.get_world_size(self.group)
-        flat = torch.cat([p.grad.flatten() for p in self.params]).contiguous()
-        dist.all_reduce(flat, group=self.group)
-        flat /= n
-        offset = 0
-        for p in self.params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        for params, group in self.buckets:
+            flat = torch.cat([p.grad.flatten() for p in params]).contiguous()
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(flat, group=group)
+            flat /= self.replicas
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
         self.optim.step()
 
     def zero_grad(self, set_to_none=True):
         self.optim.zero_grad(set_to_none=set_to_none)
+
+
+MESH = ("tp", "cp", "ep", "dp")          # innermost first (pp, outermost, has its own worker)
+
+
+def coordinates(rank, a):
+    """``{"tp": …, "cp": …, "ep": …, "dp": …}`` of ``rank`` in the mesh (tp innermost)."""
+    out = {}
+    for axis in MESH:
+        out[axis], rank = rank % getattr(a, axis), rank // getattr(a, axis)
+    return out
+
+
+def mesh_group(rank, world_size, a, varying):
+    """The group of the ranks that differ from ``rank`` only along the axes ``varying``.
+
+    Every rank creates every such group, in the same order (``dist.new_group`` is collective)."""
+    buckets = {}
+    for r in range(world_size):
+        c = coordinates(r, a)
+        buckets.setdefault(tuple(c[x] for x in MESH if x not in varying), []).append(r)
+    mine = None
+    for key in sorted(buckets):
+        group = dist.new_group(buckets[key])
+        if rank in buckets[key]:
+            mine = group
+    return mine
+
+
+class MoEFeedForward(torch.nn.Module):
+    """A block's feed-forward as a mixture of experts: ``(B, T, C)`` → tokens ``(B·T, C)`` → MoE → back."""
+
+    def __init__(self, moe):
+        super().__init__()
+        self.moe = moe
+
+    def forward(self, x):
+        return self.moe(x.reshape(-1, x.shape[-1])).view_as(x)
+
+
+class ZigzagPositions(torch.nn.Module):
+    """The position embedding of a cp rank: local position ``i`` is global position ``positions[i]``."""
+
+    def __init__(self, embedding, positions):
+        super().__init__()
+        self.embedding = embedding
+        self.register_buffer("positions", positions, persistent=False)
+
+    @property
+    def weight(self):
+        return self.embedding.weight
+
+    def forward(self, ids):
+        return self.embedding(self.positions[ids])
+
+
+def ring_attention_forward(attn, cp_group):
+    """``attn``'s forward (TinyGPT's or its tensor-parallel heads) with ``gc.ring_attention`` as the core."""
+    tp_group = getattr(attn, "group", None) if isinstance(attn, gc.TensorParallelAttention) else None
+
+    def forward(x):                                                     # (B, T/cp, C), zig-zag order
+        B, T, _ = x.shape
+        if tp_group is not None:
+            x = gc.copy_to_tensor_parallel(x, tp_group)
+        q, k, v = (torch.nn.functional.linear(x, lin.weight, lin.bias).view(B, T, -1, attn.head_dim).transpose(1, 2)
+                   for lin in (attn.q, attn.k, attn.v))                 # (B, H, T/cp, D)
+        y = gc.ring_attention(q, k, v, cp_group, causal=True, layout="zigzag")
+        return attn.proj(y.transpose(1, 2).reshape(B, T, -1))
+    return forward
+
+
+def context_parallel(model, group, rank, size, seq):
+    """Make ``model`` (``gc.TinyGPT`` or its tensor-parallel split) run on this cp rank's zig-zag shard
+    of every sequence — chunks ``rank`` and ``2N−1−rank`` of ``2N``: positions looked up at their
+    global place, attention by ``gc.ring_attention`` over ``group``. The batch is split by the caller
+    (``gc.zigzag_split(idx, rank, size, dim=1)``, as Megatron-LM's ``get_batch_on_this_cp_rank``);
+    every cp rank holds as many tokens, so the mean of the cp ranks' losses (and gradients) is the
+    full sequence's."""
+    positions = gc.zigzag_split(torch.arange(seq), rank, size, dim=0)
+    model.pos_emb = ZigzagPositions(model.pos_emb, positions)
+    for block in model.blocks:
+        block.attn.forward = ring_attention_forward(block.attn, group)
+    return model
+
+
+def build_model(a):
+    """The same ``gc.TinyGPT`` on every rank (seed 0); with ``--experts`` every feed-forward a ``gc.MoE``."""
+    torch.manual_seed(0)
+    model = gc.TinyGPT(vocab_size=a.vocab, seq_len=a.seq, num_layers=a.layers, hidden=a.hidden, num_heads=a.heads)
+    if a.experts > 1:
+        for block in model.blocks:
+            block.mlp = MoEFeedForward(gc.MoE(a.hidden, 4 * a.hidden, a.experts, top_k=a.top_k))
+    return model
 
 
 class LossOf(torch.nn.Module):
@@ -130,7 +252,7 @@ def checkpoint_blocks(model):
 
 class Stage(torch.nn.Module):
     """Pipeline stage ``s`` of a TinyGPT: (embedding) + its blocks (+ final norm and tied head — a copy
-    of the embedding on the last stage, as Megatron-LM keeps one; its gradient is not synchronised here)."""
+    of the embedding on the last stage, as Megatron-LM keeps one; the worker sums the two copies' gradients)."""
 
     def __init__(self, model, s, pp):
         super().__init__()
@@ -156,40 +278,59 @@ def _state_bytes(tensors):
 
 
 def pipeline_worker(rank, world_size, a):
-    """dp × pp (pp outermost): 1F1B over ``a.microbatches``, gradients reduced over dp after the step."""
+    """(tp ×) dp × pp (pp outermost, tp innermost): 1F1B over ``a.microbatches``, gradients reduced over
+    dp after the step. With tp, the stage is chapter 10's ``gc.PipelineStage3D`` of the tensor-parallel
+    model (every rank splits the whole model over its tp group, then keeps its stage's blocks), and the loss is the vocabulary-parallel cross-entropy."""
     torch.set_num_threads(a.threads)
-    per = a.dp
-    dp_groups = [dist.new_group(list(range(p * per, (p + 1) * per))) for p in range(a.pp)]
-    pp_rank, dp_rank = rank // per, rank % per
-    cfg = dict(vocab_size=a.vocab, seq_len=a.seq, num_layers=a.layers, hidden=a.hidden, num_heads=a.heads)
-    torch.manual_seed(0)
-    stage = Stage(gc.TinyGPT(**cfg), pp_rank, a.pp)
+    per = a.dp * a.tp
+    pp_rank, dp_rank, tp_rank = rank // per, rank // a.tp % a.dp, rank % a.tp
+    dp_groups = {(p, t): dist.new_group([p * per + d * a.tp + t for d in range(a.dp)])
+                 for p in range(a.pp) for t in range(a.tp)}
+    tp_groups = {(p, d): dist.new_group([p * per + d * a.tp + t for t in range(a.tp)])
+                 for p in range(a.pp) for d in range(a.dp)}
+    emb_groups = {(d, t): dist.new_group([d * a.tp + t, (a.pp - 1) * per + d * a.tp + t])
+                  for d in range(a.dp) for t in range(a.tp)}                 # first + last stage: tied copies
+    dp_group, tp_group = dp_groups[pp_rank, tp_rank], tp_groups[pp_rank, dp_rank]
+    if a.tp > 1:
+        tp_model = gc.tensor_parallel_gpt(build_model(a), tp_group)
+        counts = gc.stage_layers(a.layers, a.pp)
+        blocks = list(range(sum(counts[:pp_rank]), sum(counts[:pp_rank + 1])))
+        stage = gc.PipelineStage3D(tp_model, blocks, first=pp_rank == 0, last=pp_rank == a.pp - 1)
+    else:
+        stage = Stage(build_model(a), pp_rank, a.pp)
     if a.recompute == "full":
         checkpoint_blocks(stage)
     params = list(stage.parameters())
     if a.zero and a.dp > 1:
-        opt = gc.ZeroOptimizer(params, torch.optim.AdamW, stage=a.zero, group=dp_groups[pp_rank], lr=1e-3)
+        opt = gc.ZeroOptimizer(params, torch.optim.AdamW, stage=a.zero, group=dp_group, lr=1e-3)
     elif a.dp > 1:
-        opt = AllReduceOptimizer(params, torch.optim.AdamW(params, lr=1e-3), dp_groups[pp_rank])
+        opt = AllReduceOptimizer([(params, dp_group)], torch.optim.AdamW(params, lr=1e-3), a.dp)
     else:
         opt = torch.optim.AdamW(params, lr=1e-3)
-    comm = gc.PipelineComm(ranks=[p * per + dp_rank for p in range(a.pp)])
+    comm = gc.PipelineComm(ranks=[p * per + dp_rank * a.tp + tp_rank for p in range(a.pp)])
     schedule = gc.make_schedule("1f1b", a.pp, a.microbatches)
     local = a.global_batch // a.dp
-    g = torch.Generator().manual_seed(1000 + dp_rank)
-    x = torch.randint(0, a.vocab, (local, a.seq), generator=g)
+    g = torch.Generator().manual_seed(1000 + dp_rank)                   # the batches worker() draws
+    batches = [torch.randint(0, a.vocab, (local, a.seq), generator=g) for _ in range(2)]
     shape = (a.seq, a.hidden)
+    ends = pp_rank in (0, a.pp - 1)
+    tied = (stage.tok_emb.weight if pp_rank == 0 or a.tp > 1 else stage.head) if ends else None
 
     def loss_fn(logits, t):
+        if a.tp > 1:                                                    # this rank's V/tp logits
+            return gc.vocab_parallel_cross_entropy(logits, t, tp_group)
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten())
 
-    times, peak = [], 0
+    times, losses, peak = [], [], 0
     for step in range(a.steps + 1):
+        x = batches[step % 2]
         dist.barrier()
         start = time.perf_counter()
         out = gc.pipeline_step(stage, schedule, comm, batch_size=local, in_shape=shape, out_shape=shape,
                                inputs=x if comm.is_first else None, targets=x if comm.is_last else None,
                                loss_fn=loss_fn, check_neighbours=step == 0, measure_activations=step == 0)
+        if tied is not None:                            # lookup (first stage) + head (last stage) gradients
+            dist.all_reduce(tied.grad, group=emb_groups[dp_rank, tp_rank])
         opt.step()
         if step == 0:
             peak = out["peak_activation_bytes"]
@@ -202,65 +343,88 @@ def pipeline_worker(rank, world_size, a):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if step:
             times.append(t.item())
+        total = torch.tensor([out["loss"] / a.dp if comm.is_last and tp_rank == 0 else 0.0])
+        dist.all_reduce(total)                                          # the global batch's mean loss
+        losses.append(total.item())
     comm.wait()
     return {"rank": rank, "dp": a.dp, "tp": a.tp, "pp": a.pp, "cp": a.cp, "ep": a.ep, "stage": pp_rank,
             "zero": a.zero, "microbatches": a.microbatches, "recompute": a.recompute, "params": param_bytes,
-            "grads": grads, "optimizer": optimizer_bytes, "activations": peak, "step_time": statistics.median(times)}
+            "grads": grads, "optimizer": optimizer_bytes, "activations": peak, "step_time": statistics.median(times),
+            "losses": losses}
 
 
 def worker(rank, world_size, a):
     if a.pp > 1:
         return pipeline_worker(rank, world_size, a)
     torch.set_num_threads(a.threads)
-    tp_groups = [dist.new_group(list(range(d * a.tp, (d + 1) * a.tp))) for d in range(a.dp)]
-    dp_groups = [dist.new_group(list(range(t, world_size, a.tp))) for t in range(a.tp)]
-    tp_rank, dp_rank = rank % a.tp, rank // a.tp
-    tp_group, dp_group = tp_groups[dp_rank], dp_groups[tp_rank]
-    cfg = dict(vocab_size=a.vocab, seq_len=a.seq, num_layers=a.layers, hidden=a.hidden, num_heads=a.heads)
-    torch.manual_seed(0)
-    model = gc.TinyGPT(**cfg)
+    at = coordinates(rank, a)
+    tp_group = mesh_group(rank, world_size, a, ("tp",))
+    cp_group = mesh_group(rank, world_size, a, ("cp",))
+    ep_group = mesh_group(rank, world_size, a, ("ep",))
+    data_group = mesh_group(rank, world_size, a, ("cp", "ep", "dp"))     # holds a copy of the dense params
+    expert_group = mesh_group(rank, world_size, a, ("cp", "dp"))         # holds a copy of my experts
+    replicas = a.dp * a.cp * a.ep                                         # pieces of the global batch
+    model = build_model(a)
+    if a.ep > 1:
+        for block in model.blocks:
+            block.mlp.moe = gc.expert_parallel(block.mlp.moe, ep_group)
     if a.tp > 1:
         model = gc.tensor_parallel_gpt(model, tp_group)
+    if a.cp > 1:
+        context_parallel(model, cp_group, at["cp"], a.cp, a.seq)
     if a.recompute == "full":
         checkpoint_blocks(model)
+    experts = {id(p) for m in model.modules() if isinstance(m, gc.ExpertParallelMoE) for p in m.experts.parameters()}
+    dense = [p for p in model.parameters() if id(p) not in experts]
+    expert = [p for p in model.parameters() if id(p) in experts]
     loss_of = model.loss
-    if a.zero == 3 and a.dp > 1:          # ZeRO-3: every layer sharded over dp, the tied tok_emb gathered
-        model = gc.FullyShardedModule(model, group=dp_group)
+    if a.zero == 3 and replicas > 1:      # ZeRO-3: every layer sharded over dp, the tied tok_emb gathered
+        model = gc.FullyShardedModule(model, group=data_group)
 
         def loss_of(idx, targets):        # TinyGPT.loss, called through the sharded wrapper
             return torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), targets.flatten())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    elif a.zero and a.dp > 1:
-        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=a.zero, group=dp_group, lr=1e-3)
-    elif a.dp > 1:
-        opt = AllReduceOptimizer(model.parameters(), torch.optim.AdamW(model.parameters(), lr=1e-3), dp_group)
+    elif a.zero and replicas > 1:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=a.zero, group=data_group, lr=1e-3)
+    elif replicas > 1:
+        opt = AllReduceOptimizer([(dense, data_group), (expert, expert_group)],
+                                 torch.optim.AdamW(model.parameters(), lr=1e-3), replicas)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    micro = a.global_batch // a.dp // a.microbatches
-    g = torch.Generator().manual_seed(1000 + dp_rank)                   # tp ranks share their batch
+    data_rank = at["dp"] * a.ep + at["ep"]                                # tp and cp ranks share their batch
+    micro = a.global_batch // (a.dp * a.ep) // a.microbatches
+    g = torch.Generator().manual_seed(1000 + data_rank)
     batches = [torch.randint(0, a.vocab, (a.microbatches, micro, a.seq), generator=g) for _ in range(2)]
+    if a.cp > 1:                                                          # this cp rank's two chunks
+        batches = [gc.zigzag_split(b, at["cp"], a.cp, dim=2) for b in batches]
 
     wrapped = LossOf(model, loss_of)
     wrapped.targets = batches[0][0]
     memory = gc.measure_step_memory(wrapped, opt, batches[0][0], batches[0][0], loss_fn=lambda out, target: out)
 
-    times = []
+    times, losses = [], []
     for step in range(a.steps + 1):
         x = batches[step % 2]
         dist.barrier()
         start = time.perf_counter()
+        total = 0.0
         for m in range(a.microbatches):
-            (loss_of(x[m], x[m]) / a.microbatches).backward()
+            loss = loss_of(x[m], x[m]) / a.microbatches
+            loss.backward()
+            total += loss.item()
         opt.step()
         opt.zero_grad(set_to_none=False)
         t = torch.tensor([time.perf_counter() - start])
         dist.all_reduce(t, op=dist.ReduceOp.MAX)                          # a step ends when the slowest rank ends
         if step:
             times.append(t.item())
+        total = torch.tensor([total])
+        dist.all_reduce(total, group=data_group)                          # the global batch's mean loss
+        losses.append(total.item() / replicas)
     return {"rank": rank, "dp": a.dp, "tp": a.tp, "pp": a.pp, "cp": a.cp, "ep": a.ep, "zero": a.zero,
-            "microbatches": a.microbatches, "recompute": a.recompute, "params": memory.parameters,
-            "grads": memory.gradients, "optimizer": memory.optimizer_state, "activations": memory.activations,
-            "step_time": statistics.median(times)}
+            "microbatches": a.microbatches, "recompute": a.recompute, "experts": a.experts, "top_k": a.top_k,
+            "params": memory.parameters, "grads": memory.gradients, "optimizer": memory.optimizer_state,
+            "activations": memory.activations, "step_time": statistics.median(times), "losses": losses}
 
 
 def main(argv=None):

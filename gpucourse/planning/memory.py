@@ -92,13 +92,18 @@ def activation_terms(model: ModelSpec, *, micro_batch: int, tp: int = 1, sequenc
     terms += [t("norm 2 input", h, rep), t("norm 2 statistics", stats, rep, 4),
               t("MLP input (norm 2 output)", h, rep)]
     k = model.top_k if model.experts > 1 else 1          # each token's copies, one per chosen expert
-    if model.experts > 1:
-        terms += [t("router probabilities", model.experts, rep, 4), t("expert inputs (dispatched tokens)", k * h, rep)]
+    if model.experts > 1:                                # the router, the dispatch and the combine (gc.MoE)
+        terms += [t("router probabilities", model.experts, rep, 4),
+                  t("routing indices (top-k ids, each copy's token and slot)", 3 * k, rep, 8),
+                  t("routing weights (top-k, their sum, each copy's)", 2 * k + 1, rep, 4),
+                  t("expert inputs (dispatched tokens)", k * h, rep)]
     if model.gated_mlp:
         terms += [t("w1 output (SiLU input)", k * f, tp), t("w3 output", k * f, tp), t("SiLU output", k * f, tp),
                   t("w2 input (gate product)", k * f, tp)]
     else:
         terms += [t("fc1 output (activation input)", k * f, tp), t("fc2 input (activation output)", k * f, tp)]
+    if model.experts > 1:                                # y = Σ w · expert output: both factors' results kept
+        terms += [t("expert outputs (combine input)", k * h, rep), t("weighted expert outputs", k * h, rep)]
     if dropout:
         terms.append(t("dropout mask after MLP", h, rep, 1))
     return terms
