@@ -26,9 +26,9 @@ chapter 08's ``gc.FullyShardedModule`` over dp (with dp and micro-batches only).
 Mesh order (Megatron-LM's): tp innermost (neighbouring ranks), then cp, ep, dp, pp. cp and ep ranks
 are data-parallel ranks for the dense parameters — their gradients are summed over dp·cp·ep; an
 expert's over dp·cp (the ranks holding a copy of it); both divided by dp·cp·ep, the number of
-pieces the global batch was cut into. Not yet: ZeRO-3 with other axes, ``--recompute selective``, ``--pp`` with
-``--cp``/``--ep``, full recomputation with ``--pp`` and ``--tp``, ``--zero`` with ``--ep`` and
-``--experts`` with ``--tp`` (the flags exist and say so).
+pieces the global batch was cut into. Not yet: ZeRO-3 with other axes, ``--recompute selective``,
+``--pp`` with ``--cp``/``--ep``, full recomputation with ``--pp`` and ``--tp``, ``--zero`` with
+``--ep`` and ``--experts`` with ``--tp`` (the flags exist and say so).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def parse(argv=None):
         ("--zero with --ep", a.zero and a.ep > 1), ("--experts with --tp", a.experts > 1 and a.tp > 1)) if bad]
     if unsupported:
         p.error(f"{', '.join(unsupported)}: not supported by this version of train_nd.py "
-                "(supported: dp, zero 0-2 (3 with dp only), tp, cp, ep, pp × dp × tp, micro-batches, recompute none|full)")
+                "(supported: dp, zero 0-2 (3 with dp only), tp, cp, ep, pp × dp × tp, micro-batches, "
+                "recompute none|full)")
     if a.ep > 1 and a.experts % a.ep:
         p.error(f"--ep {a.ep} must divide --experts {a.experts}")
     if not 1 <= a.top_k <= a.experts:

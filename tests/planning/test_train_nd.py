@@ -23,8 +23,8 @@ def run(flags, nprocs):
 
 @pytest.fixture(scope="module")
 def reference():
-    """The same training less split: one process (dense), two data-parallel ranks (MoE; dense, for ZeRO-3), two
-    stages."""
+    """The same training less split: one process (dense), two data-parallel ranks (MoE; dense for
+    ZeRO-3), two stages."""
     return {"dense": run("", 1)[0]["losses"], "moe": run("--dp 2 " + " ".join(MOE), 2)[0]["losses"],
             "pipeline": run("--pp 2 --microbatches 2", 2)[0]["losses"],
             "dp": run("--dp 2 --microbatches 2", 2)[0]["losses"]}
