@@ -20,14 +20,15 @@ zig-zag layout: each cp rank holds two chunks of every sequence), expert paralle
 spreads over the ep group), pipeline parallel (``--pp``, chapter 07's ``gc.pipeline_step`` with 1F1B,
 combined with dp and tp — a tp × pp stage is chapter 10's ``gc.PipelineStage3D``; stages cut by
 ``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
-accumulation without pp) and ``--recompute none|full`` (each block checkpointed).
+accumulation without pp) and ``--recompute none|full`` (each block checkpointed). ``--zero 3`` is
+chapter 08's ``gc.FullyShardedModule`` over dp (with dp and micro-batches only).
 
 Mesh order (Megatron-LM's): tp innermost (neighbouring ranks), then cp, ep, dp, pp. cp and ep ranks
 are data-parallel ranks for the dense parameters — their gradients are summed over dp·cp·ep; an
 expert's over dp·cp (the ranks holding a copy of it); both divided by dp·cp·ep, the number of
-pieces the global batch was cut into. Not yet: ZeRO-3, ``--recompute selective``, ``--pp`` with
-``--cp``/``--ep``, full recomputation with ``--pp`` and ``--tp``, ``--zero`` with ``--ep`` and
-``--experts`` with ``--tp`` (the flags exist and say so).
+pieces the global batch was cut into. Not yet: ZeRO-3 with other axes, ``--recompute selective``,
+``--pp`` with ``--cp``/``--ep``, full recomputation with ``--pp`` and ``--tp``, ``--zero`` with
+``--ep`` and ``--experts`` with ``--tp`` (the flags exist and say so).
 """
 
 from __future__ import annotations
@@ -67,13 +68,16 @@ def parse(argv=None):
     a = p.parse_args(argv)
     world = a.dp * a.tp * a.pp * a.cp * a.ep
     unsupported = [what for what, bad in (
-        ("--zero 3", a.zero == 3), ("--recompute selective", a.recompute == "selective"),
+        ("--zero 3 with --tp/--pp/--cp/--ep or --recompute",
+         a.zero == 3 and (a.tp * a.pp * a.cp * a.ep > 1 or a.recompute != "none")),
+        ("--recompute selective", a.recompute == "selective"),
         ("--pp with --cp or --ep", a.pp > 1 and a.cp * a.ep > 1),
         ("--recompute full with --pp and --tp", a.pp > 1 and a.tp > 1 and a.recompute == "full"),
         ("--zero with --ep", a.zero and a.ep > 1), ("--experts with --tp", a.experts > 1 and a.tp > 1)) if bad]
     if unsupported:
         p.error(f"{', '.join(unsupported)}: not supported by this version of train_nd.py "
-                "(supported: dp, zero 0-2, tp, cp, ep, pp × dp × tp, micro-batches, recompute none|full)")
+                "(supported: dp, zero 0-2 (3 with dp only), tp, cp, ep, pp × dp × tp, micro-batches, "
+                "recompute none|full)")
     if a.ep > 1 and a.experts % a.ep:
         p.error(f"--ep {a.ep} must divide --experts {a.experts}")
     if not 1 <= a.top_k <= a.experts:
@@ -213,12 +217,13 @@ def build_model(a):
 class LossOf(torch.nn.Module):
     """``forward(idx)`` returns the model's loss on ``self.targets`` (for ``gc.measure_step_memory``)."""
 
-    def __init__(self, model):
+    def __init__(self, model, loss=None):
         super().__init__()
         self.model, self.targets = model, None
+        self.loss = loss or model.loss
 
     def forward(self, idx):
-        return self.model.loss(idx, self.targets)
+        return self.loss(idx, self.targets)
 
 
 def checkpoint_blocks(model):
@@ -373,7 +378,14 @@ def worker(rank, world_size, a):
     experts = {id(p) for m in model.modules() if isinstance(m, gc.ExpertParallelMoE) for p in m.experts.parameters()}
     dense = [p for p in model.parameters() if id(p) not in experts]
     expert = [p for p in model.parameters() if id(p) in experts]
-    if a.zero and replicas > 1:
+    loss_of = model.loss
+    if a.zero == 3 and replicas > 1:      # ZeRO-3: every layer sharded over dp, the tied tok_emb gathered
+        model = gc.FullyShardedModule(model, group=data_group)
+
+        def loss_of(idx, targets):        # TinyGPT.loss, called through the sharded wrapper
+            return torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), targets.flatten())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    elif a.zero and replicas > 1:
         opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=a.zero, group=data_group, lr=1e-3)
     elif replicas > 1:
         opt = AllReduceOptimizer([(dense, data_group), (expert, expert_group)],
@@ -387,7 +399,7 @@ def worker(rank, world_size, a):
     if a.cp > 1:                                                          # this cp rank's two chunks
         batches = [gc.zigzag_split(b, at["cp"], a.cp, dim=2) for b in batches]
 
-    wrapped = LossOf(model)
+    wrapped = LossOf(model, loss_of)
     wrapped.targets = batches[0][0]
     memory = gc.measure_step_memory(wrapped, opt, batches[0][0], batches[0][0], loss_fn=lambda out, target: out)
 
@@ -398,7 +410,7 @@ def worker(rank, world_size, a):
         start = time.perf_counter()
         total = 0.0
         for m in range(a.microbatches):
-            loss = model.loss(x[m], x[m]) / a.microbatches
+            loss = loss_of(x[m], x[m]) / a.microbatches
             loss.backward()
             total += loss.item()
         opt.step()

@@ -19,6 +19,12 @@ keeps only a shard and rebuilds each layer's full parameters just for the moment
 
 Communication per step: all-gather (forward) + all-gather (backward) + reduce-scatter = 1.5× the
 all-reduce of DDP. Memory: the shards (1/N) plus one layer's full parameters at a time.
+
+**Tied weights.** A weight read *outside* its layer's forward — GPT's head ``x @ tok_emb.weightᵀ``
+after the embedding ran — is already freed when it is needed. Such layers stay gathered for the
+whole forward of the model (FSDP's *root unit*): every ``nn.Embedding`` by default, or the layers
+named in ``keep_gathered``. Both uses add their gradient into the one gathered buffer, so its
+reduce-scatter sends the tied weight's full gradient once.
 """
 
 from __future__ import annotations
@@ -117,6 +123,10 @@ class FullyShardedModule(nn.Module):
         module: the model. Its parameters are taken out of it (rank 0's values are used on every
             rank, as DDP does); buffers (BatchNorm's statistics) stay as they are.
         group: the process group (default: the default group).
+        keep_gathered: paths (as in ``named_modules()``) of the layers whose parameters stay
+            gathered from the start to the end of the model's forward instead of only during their
+            own forward; needed for a weight the model reads outside its layer, e.g. a head tied to
+            the embedding. ``None`` (default): every ``nn.Embedding``.
 
     Example::
 
@@ -134,9 +144,12 @@ class FullyShardedModule(nn.Module):
         and reduce-scatter is a collective. A rank that skips a layer (``if rank == 0:``) leaves
         the others waiting until the timeout. The largest layer's full parameters must fit on one
         device — sharding does not split a layer's computation (that is tensor parallelism).
+        A layer's parameters exist only while it runs: code that reads ``layer.weight`` outside
+        the layer's forward (a tied head ``F.linear(x, self.tok_emb.weight)``) finds ``None``
+        unless the layer is in ``keep_gathered`` (embeddings are, by default).
     """
 
-    def __init__(self, module: nn.Module, group=None):
+    def __init__(self, module: nn.Module, group=None, *, keep_gathered=None):
         super().__init__()
         validate.check_type("module", module, nn.Module, "an nn.Module")
         if not any(True for _ in module.parameters()):
@@ -150,37 +163,58 @@ class FullyShardedModule(nn.Module):
         if mixed:
             raise ValueError(f"modules {mixed} own parameters of different dtypes; each layer's parameters "
                              "are flattened into one buffer and must share one dtype")
+        # 1) one unit per submodule that owns parameters itself (Linear, LayerNorm, ...)
+        owners = [(path, m) for path, m in module.named_modules()
+                  if any(True for _ in m.parameters(recurse=False))]
+        if keep_gathered is None:              # embeddings: the layer a GPT head is tied to
+            keep_gathered = [path for path, m in owners if isinstance(m, nn.Embedding)]
+        else:
+            if isinstance(keep_gathered, str):
+                raise TypeError("keep_gathered must be a list of module paths, got one string "
+                                f"{keep_gathered!r}; write [{keep_gathered!r}]")
+            keep_gathered = list(keep_gathered)
+            unknown = sorted(set(keep_gathered) - {path for path, _ in owners})
+            if unknown:
+                raise ValueError(f"keep_gathered: {unknown} are not modules that own parameters; "
+                                 f"allowed: {[path for path, _ in owners]}")
         rank, world_size, global_rank = group_info(group)
         _same_on_every_rank("the parameters' names and shapes",
                             [(n, tuple(p.shape)) for n, p in module.named_parameters()], group)
         self.module, self.group = module, group
         self.rank, self.world_size = rank, world_size
-        # 1) one unit per submodule that owns parameters itself (Linear, LayerNorm, ...)
-        owners = [(path, m) for path, m in module.named_modules()
-                  if any(True for _ in m.parameters(recurse=False))]
         self._units = [_Unit(path, m, group, rank, world_size, global_rank(0)) for path, m in owners]
         self.shards = nn.ParameterList([u.shard for u in self._units])   # what parameters() yields
         self._gathered: dict[int, _Unit] = {}       # storage pointer of a gathered buffer -> its unit
+        # the units gathered for the whole forward (FSDP's root unit), the others around their layer
+        self._outer = [u for u in self._units if u.path in set(keep_gathered)]
         for unit in self._units:
+            if unit in self._outer:
+                continue
             unit.module.register_forward_pre_hook(self._make_pre_hook(unit))
             unit.module.register_forward_hook(self._make_post_hook(unit), always_call=True)
 
     # -- 2) forward: gather before the layer, free after it -------------------------------------
+    def _gather(self, unit) -> None:
+        if torch.is_grad_enabled():
+            full = _GatherParams.apply(unit.shard, unit)        # backward = reduce-scatter
+        else:
+            full = unit.gather()
+        self._gathered[full.untyped_storage().data_ptr()] = unit
+        unit.attach(full)
+
+    def _release(self, unit) -> None:
+        if unit.full is not None:
+            self._gathered.pop(unit.full.untyped_storage().data_ptr(), None)
+        unit.release()
+
     def _make_pre_hook(self, unit):
         def pre_hook(module, args):
-            if torch.is_grad_enabled():
-                full = _GatherParams.apply(unit.shard, unit)    # backward = reduce-scatter
-            else:
-                full = unit.gather()
-            self._gathered[full.untyped_storage().data_ptr()] = unit
-            unit.attach(full)
+            self._gather(unit)
         return pre_hook
 
     def _make_post_hook(self, unit):
         def post_hook(module, args, output):
-            if unit.full is not None:
-                self._gathered.pop(unit.full.untyped_storage().data_ptr(), None)
-            unit.release()
+            self._release(unit)
         return post_hook
 
     # -- 3) backward: save a note instead of a gathered weight; gather again on unpack ----------
@@ -197,7 +231,13 @@ class FullyShardedModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            return self.module(*args, **kwargs)
+            for unit in self._outer:              # tied layers: gathered for the whole forward
+                self._gather(unit)
+            try:
+                return self.module(*args, **kwargs)
+            finally:
+                for unit in self._outer:
+                    self._release(unit)
 
     # -- the whole model, for checks and checkpoints ---------------------------------------------
     @torch.no_grad()

@@ -11,7 +11,11 @@ this rank held, so that the lesson and ``benchmarks/sharding.py`` compare strate
 | ``"zero1"``, ``"zero2"`` | the plain model | :class:`ZeroOptimizer` stage 1 / 2 |
 | ``"zero3"`` | :class:`FullyShardedModule` | ``optimizer_class`` on the shards |
 | ``"torch_zero"`` | ``DistributedDataParallel(model)`` | torch's ``ZeroRedundancyOptimizer`` |
-| ``"fsdp2"`` | ``fully_shard`` on every child, then on the root | ``optimizer_class`` on the DTensor shards |
+| ``"fsdp2"`` | ``fully_shard`` on every layer (inside a ``ModuleList``, not embeddings), then the root | ``optimizer_class`` on the DTensor shards |
+
+Tied weights (GPT's head ``x @ tok_emb.weightᵀ``): a layer's parameters exist whole only while the
+layer runs, so ``"zero3"`` and ``"fsdp2"`` keep every ``nn.Embedding`` gathered for the whole
+forward (the root unit) — the head finds its weight, and its gradient adds to the embedding's.
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ def wrap_for(strategy: str, model: torch.nn.Module, optimizer_class=torch.optim.
         ...     return type(model).__name__, type(opt).__name__
         >>> gc.launch(demo, 2)[0]
         ('FullyShardedModule', 'AdamW')
+
+    .. warning::
+        ``"zero3"`` and ``"fsdp2"`` free a layer's parameters when its forward ends. A weight the
+        model reads outside that forward — a head tied to the embedding — must sit in a unit that
+        stays gathered for the whole forward: here every ``nn.Embedding`` does (the root unit);
+        any other tied layer needs ``FullyShardedModule(keep_gathered=…)`` or your own wrapping.
     """
     validate.check_choice("strategy", strategy, STRATEGIES)
     if strategy in ("ddp", "torch_zero"):
@@ -81,11 +91,27 @@ def wrap_for(strategy: str, model: torch.nn.Module, optimizer_class=torch.optim.
         return model, optimizer_class(model.parameters(), **optimizer_kwargs)
     from torch.distributed.fsdp import fully_shard
 
-    for child in model.children():              # one FSDP unit per layer, then the root
-        if any(True for _ in child.parameters()):
-            fully_shard(child)
-    fully_shard(model)
+    for layer in _fsdp_layers(model):           # one FSDP unit per layer, then the root
+        fully_shard(layer)
+    fully_shard(model)                          # the root: embeddings and whatever is left
     return model, optimizer_class(model.parameters(), **optimizer_kwargs)
+
+
+def _fsdp_layers(module: torch.nn.Module):
+    """The children ``fully_shard`` wraps one by one, before the root.
+
+    A container without a forward (``ModuleList``, ``ModuleDict``) is looked into: its hooks would
+    never run, since the parent calls its items. An ``nn.Embedding`` is left to the root unit,
+    which stays gathered for the whole forward: a GPT head tied to it reads its weight *after*
+    the embedding's own forward, when its unit would already be resharded.
+    """
+    for child in module.children():
+        if isinstance(child, torch.nn.Embedding) or not any(True for _ in child.parameters()):
+            continue
+        if type(child).forward is torch.nn.Module.forward:      # a container: no forward of its own
+            yield from _fsdp_layers(child)
+        else:
+            yield child
 
 
 def _full_state_dict(strategy, model) -> dict:

@@ -23,9 +23,11 @@ def run(flags, nprocs):
 
 @pytest.fixture(scope="module")
 def reference():
-    """The same training less split: one process (dense), two data-parallel ranks (MoE), two stages."""
+    """The same training less split: one process (dense), two data-parallel ranks (MoE; dense for
+    ZeRO-3), two stages."""
     return {"dense": run("", 1)[0]["losses"], "moe": run("--dp 2 " + " ".join(MOE), 2)[0]["losses"],
-            "pipeline": run("--pp 2 --microbatches 2", 2)[0]["losses"]}
+            "pipeline": run("--pp 2 --microbatches 2", 2)[0]["losses"],
+            "dp": run("--dp 2 --microbatches 2", 2)[0]["losses"]}
 
 
 @pytest.mark.parametrize("flags,cfg,same_as", [
@@ -35,6 +37,7 @@ def reference():
     ("--cp 2", dict(cp=2), "dense"),
     ("--ep 2 " + " ".join(MOE), dict(ep=2), "moe"),
     ("--pp 2 --tp 2 --microbatches 2", dict(pp=2, tp=2, microbatches=2), "pipeline"),     # chapter 10's stages
+    ("--dp 2 --zero 3 --microbatches 2", dict(dp=2, zero=3, microbatches=2), "dp"),     # tied head sharded
 ])
 def test_counted_bytes_match_predict(flags, cfg, same_as, request):
     ranks = run(flags, gc.ParallelConfig(**cfg).world_size)
@@ -57,8 +60,9 @@ def test_counted_bytes_match_predict(flags, cfg, same_as, request):
 
 
 def test_axes_not_yet_built_are_refused(capsys):
-    for flags in ("--pp 2 --tp 2 --recompute full", "--pp 2 --cp 2", "--dp 2 --zero 3", "--recompute selective",
-                  "--ep 2 --experts 2 --zero 1", "--tp 2 --experts 2"):
+    for flags in ("--pp 2 --tp 2 --recompute full", "--pp 2 --cp 2", "--dp 2 --tp 2 --zero 3",
+                  "--dp 2 --zero 3 --recompute full", "--recompute selective", "--ep 2 --experts 2 --zero 1",
+                  "--tp 2 --experts 2"):
         with pytest.raises(SystemExit):
             train_nd.parse(SMALL + flags.split())
         assert "not supported by this version" in capsys.readouterr().err
