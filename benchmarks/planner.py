@@ -50,7 +50,7 @@ MEMORY = [  # (train_nd flags, ParallelConfig)
     ("--dp 4 --cp 2 --zero 1", dict(dp=4, cp=2, zero=1)),
     ("--dp 2 --ep 4 --experts 4 --top-k 2", dict(dp=2, ep=4)),
 ]
-WIDE = ["--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "256", "--seq", "128", "--global-batch", "8",
+WIDE = ["--layers", "2", "--hidden", "512", "--heads", "8", "--vocab", "512", "--seq", "256", "--global-batch", "8",
         "--steps", "3"]
 TIME = [
     ("--dp 2", dict(dp=2)),
