@@ -200,7 +200,11 @@ class NotebookPage:
         self.lab.end_sessions(self.path)          # a fresh kernel: its first count is 1
         self.lab.forget_workspaces()              # no tab of an earlier page reopens
         self.used_at = time.time()
-        self.page.goto(self.lab.url(url_path or f"/lab/tree/{self.path}"))
+        # a workspace of its own: JupyterLab restores a workspace's tabs, and a page still open in
+        # another browser context keeps saving the default one (its tab then reopened here, and its
+        # panel was found instead of this one's)
+        own = f"/lab/workspaces/ui-{secrets.token_hex(4)}/tree/{self.path}"
+        self.page.goto(self.lab.url(url_path or own))
         self.page.wait_for_function(
             "([sel, n]) => { const p = document.querySelector(sel);"
             " return p && p.querySelectorAll('.jp-Notebook .jp-Cell').length === n; }",
