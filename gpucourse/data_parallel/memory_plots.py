@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..runtime import in_kernel
 from .data_parallel import balanced_chunk_sizes
 from .memory import PARTS, MemoryReport, dp_step_memory
 
@@ -91,7 +92,7 @@ def memory_explorer(model: nn.Module | None = None, *, max_batch: int = 64, max_
                                 gpu0_bsz=g0, optimizer=torch.optim.SGD(model.parameters(), lr=0.0,
                                                                        momentum=0.9))
         with out:
-            if _in_kernel():
+            if in_kernel():
                 out.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(1.6 + 1.3 * n, 3.4))
             plot_memory(report, ax, title=f"batch {b} = {' + '.join(map(str, sizes))}")
@@ -108,11 +109,3 @@ def memory_explorer(model: nn.Module | None = None, *, max_batch: int = 64, max_
     box = widgets.VBox([batch, gpu0, devices, out])
     box.update = update
     return box
-
-
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return get_ipython() is not None

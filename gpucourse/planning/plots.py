@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..runtime import check_int
+from ..runtime import check_int, in_kernel
 from .cluster_spec import ClusterSpec
 from .model_spec import ModelSpec
 from .predict import Plan, plan
@@ -77,7 +77,7 @@ def plan_widget(model: str = "llama3-70b", cluster: str = "h100-sxm-8", nodes: i
         cl = ClusterSpec.preset(cluster_name or c.value, nodes=num_nodes or n.value)
         result = plan(spec, cl, global_batch=batch or b.value, top=top, max_cp=8)
         with out:
-            if _in_kernel():
+            if in_kernel():
                 out.clear_output(wait=True)
             fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * top + 1.4), sharey=True)
             plot_plan(result, top, memory_limit=cl.memory_bytes, axes=axes)
@@ -94,11 +94,3 @@ def plan_widget(model: str = "llama3-70b", cluster: str = "h100-sxm-8", nodes: i
     box.update = update
     update()                                          # the explorer is never an empty frame
     return box
-
-
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return get_ipython() is not None

@@ -7,7 +7,7 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
   ``process_tree`` (every descendant), ``ports`` (the loopback store), ``rank_output``
 - ``devices``   ``CUDA_VISIBLE_DEVICES`` remapping, CPU "virtual devices", ``default_backend()``
 - ``timing``    warm-up, repeats, median and ratios to a baseline
-- ``printing``  rank-aware printing in rank order
+- ``printing``  rank-aware printing in rank order; ``in_kernel()``: are we in a notebook?
 - ``validate``  the one argument checker of the package (messages name the value and what is allowed)
 - ``cpu_features``  does this CPU multiply bf16 in hardware (AMX, AVX-512-bf16)?
 - ``doctor``    ``python -m gpucourse doctor``
@@ -18,12 +18,12 @@ from .devices import cpu_cores, default_backend, virtual_devices, visible_device
 from .groups import group_info
 from .launcher import WorkerError, free_port, launch
 from .ports import listen_on
-from .printing import print0, print_ordered, rank_prefix
+from .printing import in_kernel, print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
 from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
 
 __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cores", "default_backend",
            "virtual_devices", "visible_devices", "WorkerError", "free_port", "group_info", "launch",
-           "listen_on", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
+           "listen_on", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
            "measure", "speedup", "check_choice", "check_int", "check_number", "check_positive",
            "check_tensor", "check_type"]

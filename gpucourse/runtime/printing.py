@@ -62,3 +62,12 @@ def print_ordered(*args, group=None, sep: str = " ") -> None:
     if dist.get_rank(group) == 0:
         for r, t in enumerate(texts):
             print(f"[rank {r}] {t}", flush=True)
+
+
+def in_kernel() -> bool:
+    """True inside an IPython kernel (a notebook): explorers display themselves only there."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None

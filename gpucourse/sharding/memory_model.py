@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data_parallel import MemoryTracker
-from ..runtime import validate
+from ..runtime import in_kernel, validate
 
 __all__ = [
     "RankMemory",
@@ -315,7 +315,7 @@ def zero_memory_widget(num_params: float = 7.5e9, world_size: int = 64):
         n = world_size if world_size is not None else ranks.value
         kk = k if k is not None else kslider.value
         with out:
-            if _in_kernel():
+            if in_kernel():
                 out.clear_output(wait=True)
             fig, ax = plt.subplots(figsize=(5.5, 3.2))
             plot_zero_memory(psi, n, k=kk, ax=ax)
@@ -329,11 +329,3 @@ def zero_memory_widget(num_params: float = 7.5e9, world_size: int = 64):
     box.update = update
     update()                      # draw the start values: the explorer is never an empty frame
     return box
-
-
-def _in_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return get_ipython() is not None
