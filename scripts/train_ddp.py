@@ -237,4 +237,4 @@ def spawn_entry(gpu, nodes, gpus, nr, master_addr, master_port, argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    gc.runtime.run_main(main)   # no interpreter teardown: see gpucourse/runtime/exiting.py

@@ -136,4 +136,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    gc.runtime.run_main(main)   # no interpreter teardown: see gpucourse/runtime/exiting.py

@@ -11,9 +11,11 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 - ``validate``  the one argument checker of the package (messages name the value and what is allowed)
 - ``cpu_features``  does this CPU multiply bf16 in hardware (AMX, AVX-512-bf16)?
 - ``doctor``    ``python -m gpucourse doctor``
+- ``exiting``   ``run_main(main)``: a torchrun script's last line (no SIGABRT at interpreter shutdown)
 """
 
 from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units
+from .exiting import run_main
 from .devices import cpu_cores, default_backend, virtual_devices, visible_devices
 from .groups import group_info
 from .launcher import WorkerError, free_port, launch
@@ -26,4 +28,4 @@ __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cor
            "virtual_devices", "visible_devices", "WorkerError", "free_port", "group_info", "launch",
            "listen_on", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
            "measure", "speedup", "check_choice", "check_int", "check_number", "check_positive",
-           "check_tensor", "check_type"]
+           "check_tensor", "check_type", "run_main"]

@@ -124,6 +124,11 @@ def _leave_processes(rank, world_size, folder, how):
     (folder / f"{rank}.tmp").write_text(f"{os.getpid()} {pid}")
     os.replace(folder / f"{rank}.tmp", folder / f"{rank}.pid")
     if how == "die" and rank == 1:
+        # not before rank 0 has started its escapee too: launch() stops rank 0 as soon as rank 1
+        # dies, and on a loaded machine rank 0 could be stopped before it got that far
+        deadline = time.monotonic() + 30
+        while not (folder / "0.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)   # no chance to clean up after itself
     if how == "hang":
         time.sleep(60)
