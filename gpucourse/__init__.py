@@ -100,7 +100,7 @@ _PARTS = {
     # --- planning/ (chapter 12): predict memory and step time of a split, rank the splits ------------
     "planning": """
         ClusterSpec MemoryPrediction ModelSpec ParallelConfig Plan Prediction TimePrediction
-        activation_terms bubble_time compute_time cp_step_comm_time dp_step_comm_time ep_step_comm_time
+        activation_terms bubble_time compute_time expert_imbalance_flops cp_step_comm_time dp_step_comm_time ep_step_comm_time
         exposed inflight_microbatches korthikanti_layer_bytes layer_activation_bytes mfu
         model_state_bytes outside_activation_bytes plan plan_widget plot_plan pp_step_comm_time predict
         split_problem stage_layers stage_params step_flops tp_step_comm_time training_flops_per_token""",

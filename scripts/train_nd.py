@@ -61,6 +61,8 @@ def parse(argv=None):
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--experts", type=int, default=1, help="experts per MoE feed-forward (1: a dense MLP)")
     p.add_argument("--top-k", type=int, default=1, help="experts per token")
+    p.add_argument("--capacity-factor", type=float, default=None,
+                   help="each expert takes at most this × its mean share of token copies (default: no limit)")
     p.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--nprocs", type=int, default=0, help="start the ranks with gc.launch instead of torchrun")
@@ -80,6 +82,8 @@ def parse(argv=None):
                 "recompute none|full)")
     if a.ep > 1 and a.experts % a.ep:
         p.error(f"--ep {a.ep} must divide --experts {a.experts}")
+    if a.capacity_factor is not None and not a.capacity_factor > 0:
+        p.error(f"--capacity-factor must be > 0, got {a.capacity_factor}")
     if not 1 <= a.top_k <= a.experts:
         p.error(f"--top-k {a.top_k} must be between 1 and --experts {a.experts}")
     if a.seq % (2 * a.cp):
@@ -210,7 +214,8 @@ def build_model(a):
     model = gc.TinyGPT(vocab_size=a.vocab, seq_len=a.seq, num_layers=a.layers, hidden=a.hidden, num_heads=a.heads)
     if a.experts > 1:
         for block in model.blocks:
-            block.mlp = MoEFeedForward(gc.MoE(a.hidden, 4 * a.hidden, a.experts, top_k=a.top_k))
+            block.mlp = MoEFeedForward(gc.MoE(a.hidden, 4 * a.hidden, a.experts, top_k=a.top_k,
+                                                           capacity_factor=a.capacity_factor))
     return model
 
 
@@ -424,6 +429,7 @@ def worker(rank, world_size, a):
         losses.append(total.item() / replicas)
     return {"rank": rank, "dp": a.dp, "tp": a.tp, "pp": a.pp, "cp": a.cp, "ep": a.ep, "zero": a.zero,
             "microbatches": a.microbatches, "recompute": a.recompute, "experts": a.experts, "top_k": a.top_k,
+            "capacity_factor": a.capacity_factor,
             "params": memory.parameters, "grads": memory.gradients, "optimizer": memory.optimizer_state,
             "activations": memory.activations, "step_time": statistics.median(times), "losses": losses}
 

@@ -17,12 +17,12 @@ from .memory import (activation_terms, inflight_microbatches, korthikanti_layer_
 from .model_spec import ModelSpec, training_flops_per_token
 from .plots import plan_widget, plot_plan
 from .predict import MemoryPrediction, Plan, Prediction, TimePrediction, plan, predict
-from .timing import (bubble_time, compute_time, cp_step_comm_time, dp_step_comm_time, ep_step_comm_time, exposed,
+from .timing import (bubble_time, compute_time, expert_imbalance_flops, cp_step_comm_time, dp_step_comm_time, ep_step_comm_time, exposed,
                      mfu, pp_step_comm_time, step_flops, tp_step_comm_time)
 
 __all__ = ["ClusterSpec", "ParallelConfig", "ModelSpec", "training_flops_per_token", "activation_terms",
            "inflight_microbatches", "korthikanti_layer_bytes", "layer_activation_bytes", "model_state_bytes",
            "outside_activation_bytes", "split_problem", "stage_layers", "stage_params", "MemoryPrediction", "Plan",
-           "Prediction", "TimePrediction", "plan", "predict", "bubble_time", "compute_time", "cp_step_comm_time",
+           "Prediction", "TimePrediction", "plan", "predict", "bubble_time", "compute_time", "expert_imbalance_flops", "cp_step_comm_time",
            "dp_step_comm_time", "ep_step_comm_time", "exposed", "mfu", "plan_widget", "plot_plan",
            "pp_step_comm_time", "step_flops", "tp_step_comm_time"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..runtime import check_choice, check_int, check_type
+from ..runtime import check_choice, check_int, check_positive, check_type
 
 __all__ = ["ModelSpec", "training_flops_per_token"]
 
@@ -73,6 +73,9 @@ class ModelSpec:
         seq: training sequence length (tokens per sequence).
         kv_heads: key/value heads (default ``heads``: plain multi-head attention).
         experts, top_k: a mixture of experts with ``experts`` MLPs per layer, ``top_k`` per token.
+        capacity_factor: an expert takes at most ``capacity_factor × the mean`` token copies (the
+            rest are dropped, ``gc.MoE(capacity_factor=…)``); ``None``: no limit, and the planner
+            assumes a balanced router.
         tied_embeddings: the head reuses the embedding matrix (GPT-2/3, ``gc.TinyGPT``).
         gated_mlp: SwiGLU MLP with three matrices (Llama, Mixtral) instead of two.
         bias: linear layers and norms have biases (GPT) or not (Llama: RMSNorm, no biases).
@@ -108,6 +111,7 @@ class ModelSpec:
     bias: bool = True
     learned_positions: bool = True
     max_seq: int | None = None
+    capacity_factor: float | None = None
     name: str = "model"
 
     def __post_init__(self):
@@ -126,6 +130,39 @@ class ModelSpec:
         check_int("top_k", self.top_k, 1, maximum=self.experts, hint=" (at most experts)")
         for f in ("tied_embeddings", "gated_mlp", "bias", "learned_positions"):
             check_type(f, getattr(self, f), bool)
+        if self.capacity_factor is not None:
+            check_positive("capacity_factor", self.capacity_factor)
+
+    def expert_load(self, ep: int) -> float:
+        """The busiest expert-parallel rank's expert work over the mean: ``min(capacity_factor, ep)``.
+
+        A router is never perfectly balanced (an untrained one least of all), and the step waits for
+        the rank whose experts got the most tokens. The capacity bounds it: each expert takes at
+        most ``capacity_factor ×`` its mean share, and no rank can get more than all ``ep`` ranks'
+        tokens. Without a capacity (``None``) or expert parallelism (``ep == 1``, every rank holds
+        every expert): 1.0, the balanced case.
+
+        Example::
+
+            >>> m = ModelSpec(layers=2, hidden=64, heads=4, ffn=256, vocab=64, seq=32, experts=8, top_k=2,
+            ...               capacity_factor=1.25)
+            >>> m.expert_load(1), m.expert_load(4), replace(m, capacity_factor=None).expert_load(4)
+            (1.0, 1.25, 1.0)
+        """
+        check_int("ep", ep, 1)
+        if ep == 1 or self.experts == 1 or self.capacity_factor is None:
+            return 1.0
+        return float(min(self.capacity_factor, ep))
+
+    def expert_flops_per_token(self) -> int:
+        """Forward + backward FLOPs per token in its ``top_k`` expert MLPs (part of ``flops_per_token``).
+
+        Example::
+
+            >>> ModelSpec(layers=2, hidden=64, heads=4, ffn=256, vocab=64, seq=32).expert_flops_per_token()
+            393216
+        """
+        return 6 * self.layers * self.top_k * (3 if self.gated_mlp else 2) * self.hidden * self.ffn
 
     # --- shapes ------------------------------------------------------------------------------
     @property

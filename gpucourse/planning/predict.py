@@ -22,7 +22,7 @@ from .config import ParallelConfig
 from .memory import (inflight_microbatches, stage_layers, layer_activation_bytes, model_state_bytes, outside_activation_bytes,
                      split_problem, stage_params)
 from .model_spec import ModelSpec
-from .timing import (bubble_time, compute_time, cp_step_comm_time, dp_step_comm_time, ep_step_comm_time, exposed, mfu,
+from .timing import (bubble_time, compute_time, expert_imbalance_flops, cp_step_comm_time, dp_step_comm_time, ep_step_comm_time, exposed, mfu,
                      pp_step_comm_time, step_flops, tp_step_comm_time)
 
 __all__ = ["MemoryPrediction", "TimePrediction", "Prediction", "Plan", "predict", "plan"]
@@ -102,7 +102,8 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, g
         model, cluster, config: what is trained, on what, split how.
         global_batch: sequences of ``model.seq`` tokens per optimizer step.
         overlap: the gradient reduction hides behind the last micro-batch's backward (DDP/FSDP do
-            this); ``False`` adds it whole (a step that reduces after the backward).
+            this) and ring attention's K/V traffic behind its attention; ``False`` adds both whole
+            (a step that reduces after the backward; one CPU core per rank that computes and copies).
 
     Example::
 
@@ -148,12 +149,13 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, g
     # --- time -------------------------------------------------------------------------------------
     model_flops, hw_flops = step_flops(model, global_batch * model.seq, c.recompute)
     model_flops, hw_flops = model_flops / c.world_size, hw_flops / c.world_size     # an even share
+    hw_flops += expert_imbalance_flops(model, global_batch * model.seq / c.world_size, c.ep, c.recompute)
     compute = compute_time(hw_flops, cluster.peak_flops)
     common = dict(micro_batch=micro, microbatches=c.microbatches, dtype_bytes=e)
     tp = tp_step_comm_time(model, tp=c.tp, pp=c.pp, cp=c.cp, link=cluster.link_for(c.stride("tp"), c.tp),
                            recompute=c.recompute, **common)
     cp = cp_step_comm_time(model, cp=c.cp, tp=c.tp, pp=c.pp, link=cluster.link_for(c.stride("cp"), c.cp),
-                      peak_flops=cluster.peak_flops, **common)
+                      peak_flops=cluster.peak_flops, overlap=overlap, **common)
     ep = ep_step_comm_time(model, ep=c.ep, cp=c.cp, pp=c.pp, link=cluster.link_for(c.stride("ep"), c.ep), **common)
     pp = pp_step_comm_time(model, pp=c.pp, tp=c.tp, cp=c.cp, sequence_parallel=c.sequence_parallel,
                       link=cluster.link_for(c.stride("pp"), c.pp), **common)

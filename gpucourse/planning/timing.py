@@ -3,10 +3,12 @@
 
 Per device, one step::
 
-    compute   = FLOPs this device does / peak FLOP/s                     (recomputation adds FLOPs)
+    compute   = FLOPs this device does / peak FLOP/s                     (recomputation adds FLOPs;
+                the busiest expert-parallel rank does expert_load × its mean expert work)
     tp        = 4 all-reduces of (b, s/cp, h) per layer and micro-batch   (chapter 09: tp_comm_time)
-    cp        = ring attention's K/V traffic, minus the attention compute it hides behind
-    ep        = the expert all-to-alls (dispatch + combine, forward + backward)
+    cp        = ring attention's K/V traffic, minus the attention compute it hides behind (none
+                hides without overlap)
+    ep        = the expert all-to-alls (dispatch + combine, forward + backward), × expert_load
     pp        = one activation forward and one gradient backward per micro-batch (point to point)
     bubble    = (compute + tp + cp + ep + pp) · (pp − 1)/m               (bubble_fraction / (1 − it))
     dp        = gradient reduction (chapter 08: zero_comm_time), minus the last micro-batch's backward
@@ -24,7 +26,7 @@ from ..tensor_parallel import tp_comm_time
 from .communication import cp_comm_bytes, ep_comm_bytes
 from .model_spec import ModelSpec
 
-__all__ = ["step_flops", "compute_time", "dp_step_comm_time", "tp_step_comm_time", "pp_step_comm_time", "cp_step_comm_time",
+__all__ = ["step_flops", "expert_imbalance_flops", "compute_time", "dp_step_comm_time", "tp_step_comm_time", "pp_step_comm_time", "cp_step_comm_time",
            "ep_step_comm_time", "bubble_time", "exposed", "mfu"]
 
 
@@ -51,6 +53,24 @@ def step_flops(model: ModelSpec, tokens: int, recompute: str = "none") -> tuple[
     if recompute == "selective":
         return base, base + tokens * attention_fwd
     return base, base
+
+
+def expert_imbalance_flops(model: ModelSpec, tokens: float, ep: int, recompute: str = "none") -> float:
+    """The busiest expert-parallel rank's extra FLOPs over an even share of ``tokens`` tokens:
+    ``(expert_load − 1) · tokens · expert FLOPs per token`` (full recomputation repeats the
+    experts' forward: ``8/6`` of it).
+
+    Example::
+
+        >>> m = ModelSpec(layers=2, hidden=64, heads=4, ffn=256, vocab=64, seq=32, experts=2, capacity_factor=1.25)
+        >>> expert_imbalance_flops(m, 1024, ep=2) == 0.25 * 1024 * m.expert_flops_per_token()
+        True
+        >>> expert_imbalance_flops(m, 1024, ep=1)
+        0.0
+    """
+    load = model.expert_load(ep)
+    per_token = model.expert_flops_per_token() * (8 / 6 if recompute == "full" else 1)
+    return (load - 1) * tokens * per_token
 
 
 def compute_time(flops: float, peak_flops: float) -> float:
@@ -120,9 +140,10 @@ def pp_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, 
 
 
 def cp_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, cp: int, tp: int, pp: int,
-                 link: AlphaBeta, dtype_bytes: int, peak_flops: float) -> float:
+                 link: AlphaBeta, dtype_bytes: int, peak_flops: float, overlap: bool = True) -> float:
     """Exposed ring-attention traffic: per layer and micro-batch, chapter 11's ``cp_comm_bytes`` over
-    the link (``3(cp − 1)`` messages), minus the attention compute of that layer it overlaps with.
+    the link (``3(cp − 1)`` messages), minus the attention compute of that layer it overlaps with
+    (``overlap=False``: nothing hides it — one CPU core per rank both computes and copies).
 
     Example::
 
@@ -138,14 +159,15 @@ def cp_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, 
                            world_size=cp, method="ring", causal=True, kv_heads=model.kv_heads // tp,
                            dtype_bytes=dtype_bytes)["total"]
     comm = 3 * (cp - 1) * link.alpha + nbytes * link.beta
-    attention = 12 * model.hidden * model.seq * micro_batch * (model.seq // cp) / tp / peak_flops
+    attention = 12 * model.hidden * model.seq * micro_batch * (model.seq // cp) / tp / peak_flops if overlap else 0.0
     return microbatches * (-(-model.layers // pp)) * exposed(comm, attention)
 
 
 def ep_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, ep: int, cp: int, pp: int,
                  link: AlphaBeta, dtype_bytes: int) -> float:
     """The expert all-to-alls: per MoE layer and micro-batch, chapter 11's ``ep_comm_bytes`` (uniform
-    routing) over the link, ``4 (ep − 1)`` messages (dispatch and combine, forward and backward).
+    routing) over the link, ``4 (ep − 1)`` messages (dispatch and combine, forward and backward);
+    the busiest rank receives ``model.expert_load(ep)`` times the even share.
 
     Example::
 
@@ -158,7 +180,7 @@ def ep_step_comm_time(model: ModelSpec, *, micro_batch: int, microbatches: int, 
     if ep == 1:
         return 0.0
     nbytes = ep_comm_bytes(tokens=micro_batch * (model.seq // cp), d_model=model.hidden, world_size=ep,
-                           top_k=model.top_k, dtype_bytes=dtype_bytes)["total"]
+                           top_k=model.top_k, dtype_bytes=dtype_bytes)["total"] * model.expert_load(ep)
     return microbatches * (-(-model.layers // pp)) * (4 * (ep - 1) * link.alpha + nbytes * link.beta)
 
 

@@ -185,3 +185,34 @@ def test_planner_counts_bytes_with_chapter_11s_own_functions():
     assert out["total"] == out["forward"] + out["backward"] > 0
 
 
+
+
+def test_capacity_factor_bounds_the_busiest_expert_rank():
+    base = dict(layers=2, hidden=128, heads=4, ffn=512, vocab=256, seq=64, experts=4, top_k=2)
+    c = gc.ClusterSpec(1, 4, 8e9, 1e12, intra=(1e-5, 1e9), inter=(1e-4, 1e8))
+    cfg = gc.ParallelConfig(ep=4)
+    free, capped = gc.ModelSpec(**base), gc.ModelSpec(**base, capacity_factor=1.5)
+    assert (free.expert_load(4), capped.expert_load(4), capped.expert_load(1)) == (1.0, 1.5, 1.0)
+    assert gc.ModelSpec(**{**base, "experts": 2, "top_k": 1}, capacity_factor=3.0).expert_load(2) == 2.0   # all tokens
+    p, q = (gc.predict(m, c, cfg, global_batch=8, overlap=False) for m in (free, capped))
+    tokens = 8 * 64 / 4                                                     # per rank
+    extra = 0.5 * tokens * 6 * 2 * (2 * 128 * 512) * 2                     # (load−1)·tokens·6·k·(2hf)·L
+    assert q.time.compute - p.time.compute == pytest.approx(extra / 1e12)
+    nbytes = gc.ep_comm_bytes(tokens=2 * 64, d_model=128, world_size=4, top_k=2, dtype_bytes=2)["total"]
+    assert p.time.ep == pytest.approx(2 * (4 * 3 * 1e-5 + nbytes * 1e-9))  # 2 layers: 12 messages + bytes
+    assert q.time.ep - p.time.ep == pytest.approx(2 * 0.5 * nbytes * 1e-9)  # the busiest rank gets 1.5× the bytes
+    assert q.mfu < p.mfu                                                   # model FLOPs unchanged, the step longer
+    with pytest.raises(ValueError, match="capacity_factor"):
+        gc.ModelSpec(**base, capacity_factor=0)
+    with pytest.raises(TypeError, match="capacity_factor"):
+        gc.ModelSpec(**base, capacity_factor="1.25")
+
+
+def test_without_overlap_ring_attention_traffic_counts_whole():
+    m = gc.ModelSpec(layers=2, hidden=256, heads=8, ffn=1024, vocab=256, seq=4096)
+    c = gc.ClusterSpec(1, 2, 8e9, 1e12, intra=(1e-5, 1e9), inter=(1e-4, 1e8))
+    hidden, whole = (gc.predict(m, c, gc.ParallelConfig(cp=2), global_batch=2, overlap=o).time.cp for o in (True, False))
+    nbytes = gc.cp_comm_bytes(batch=2, heads=8, seq=4096, head_dim=32, world_size=2, method="ring", causal=True,
+                              dtype_bytes=2)["total"]
+    assert whole == pytest.approx(2 * (3 * 1e-5 + nbytes * 1e-9))         # 2 layers, no compute subtracted
+    assert 0 <= hidden < whole

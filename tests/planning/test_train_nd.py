@@ -69,3 +69,16 @@ def test_axes_not_yet_built_are_refused(capsys):
     for flags in ("--ep 2", "--ep 3 --experts 4", "--cp 3"):                  # no experts; 3 ∤ 4; 6 ∤ 16
         with pytest.raises(SystemExit):
             train_nd.parse(SMALL + flags.split())
+
+
+def test_capacity_factor_reaches_the_experts(reference):
+    """Capacity is applied per rank, so ep2 drops the tokens dp2 drops: same losses; and a small
+    capacity really drops some (the losses differ from the unlimited run's)."""
+    flags = " ".join(MOE) + " --capacity-factor 0.5"
+    ep = run("--ep 2 " + flags, 2)
+    dp = run("--dp 2 " + flags, 2)
+    assert {r["capacity_factor"] for r in ep + dp} == {0.5}
+    assert ep[0]["losses"] == pytest.approx(dp[0]["losses"], rel=1e-5, abs=1e-6)
+    assert ep[0]["losses"] != pytest.approx(reference["moe"], rel=1e-4)
+    with pytest.raises(SystemExit):
+        train_nd.parse(SMALL + MOE + ["--capacity-factor", "0"])
