@@ -1,6 +1,6 @@
 """Chapter 12's planner against measured runs of ``scripts/train_nd.py`` on this machine.
 
-* **Memory** — 8 processes, 13 configurations of ``gc.TinyGPT`` (fp32, AdamW): for every rank and
+* **Memory** — 8 processes, 16 configurations of ``gc.TinyGPT`` (fp32, AdamW): for every rank and
   every category (params, grads, optimizer state, saved activations), ``gc.predict``'s bytes per
   device within 10% of the bytes ``gc.measure_step_memory`` counts on that rank (with experts, the
   saved activations averaged over the ranks: the planner assumes a balanced router).
@@ -18,9 +18,9 @@ Prints the table predicted | measured | error and the machine's load; exits 1 on
     python benchmarks/planner.py --part time     # one of them
 
 Covers dp, ZeRO-0/1/2/3 (3 with dp only), tp, cp (ring attention, zig-zag), ep (a TinyGPT whose
-feed-forwards are ``gc.MoE`` layers), pp (1F1B, with dp and tp), micro-batches and full
-recomputation — what ``train_nd.py`` runs in this version; pp × cp/ep, ZeRO with other axes and
-selective recomputation are not in it yet.
+feed-forwards are ``gc.MoE`` layers), pp (1F1B, with dp and tp), micro-batches, selective and full
+recomputation, ZeRO-1/2 with experts — what ``train_nd.py`` runs in this version; pp × cp/ep and
+ZeRO-3 with other axes are not in it yet.
 """
 
 import argparse
@@ -48,12 +48,15 @@ MEMORY = [  # (train_nd flags, ParallelConfig)
     ("--dp 2 --tp 4", dict(dp=2, tp=4)),
     ("--dp 4 --tp 2 --microbatches 2 --recompute full", dict(dp=4, tp=2, microbatches=2, recompute="full")),
     ("--dp 8 --recompute full", dict(dp=8, recompute="full")),
+    ("--dp 4 --tp 2 --recompute selective", dict(dp=4, tp=2, recompute="selective")),
     ("--dp 2 --pp 4 --microbatches 8 --recompute full", dict(dp=2, pp=4, microbatches=8, recompute="full")),
     ("--dp 4 --pp 2 --zero 1 --microbatches 4", dict(dp=4, pp=2, zero=1, microbatches=4)),
     ("--dp 2 --tp 2 --pp 2 --microbatches 2", dict(dp=2, tp=2, pp=2, microbatches=2)),
+    ("--dp 2 --tp 2 --pp 2 --microbatches 2 --recompute full", dict(dp=2, tp=2, pp=2, microbatches=2, recompute="full")),
     ("--dp 2 --tp 2 --cp 2", dict(dp=2, tp=2, cp=2)),
     ("--dp 4 --cp 2 --zero 1", dict(dp=4, cp=2, zero=1)),
     ("--dp 2 --ep 4 --experts 4 --top-k 2", dict(dp=2, ep=4)),
+    ("--dp 4 --ep 2 --zero 1 --experts 4 --top-k 2", dict(dp=4, ep=2, zero=1)),
 ]
 WIDE = ["--layers", "2", "--hidden", "512", "--heads", "8", "--vocab", "512", "--seq", "256", "--global-batch", "8",
         "--steps", "3"]

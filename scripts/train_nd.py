@@ -20,15 +20,16 @@ zig-zag layout: each cp rank holds two chunks of every sequence), expert paralle
 spreads over the ep group), pipeline parallel (``--pp``, chapter 07's ``gc.pipeline_step`` with 1F1B,
 combined with dp and tp — a tp × pp stage is chapter 10's ``gc.PipelineStage3D``; stages cut by
 ``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
-accumulation without pp) and ``--recompute none|full`` (each block checkpointed). ``--zero 3`` is
+accumulation without pp) and ``--recompute none|selective|full`` (selective: each attention core
+checkpointed; full: each block). ``--zero 3`` is
 chapter 08's ``gc.FullyShardedModule`` over dp (with dp and micro-batches only).
 
 Mesh order (Megatron-LM's): tp innermost (neighbouring ranks), then cp, ep, dp, pp. cp and ep ranks
 are data-parallel ranks for the dense parameters — their gradients are summed over dp·cp·ep; an
 expert's over dp·cp (the ranks holding a copy of it); both divided by dp·cp·ep, the number of
-pieces the global batch was cut into. Not yet: ZeRO-3 with other axes, ``--recompute selective``,
-``--pp`` with ``--cp``/``--ep``, full recomputation with ``--pp`` and ``--tp``, ``--zero`` with
-``--ep`` and ``--experts`` with ``--tp`` (the flags exist and say so).
+pieces the global batch was cut into; with ``--zero 1|2`` the dense states are sharded over dp·cp·ep
+and each expert's over dp·cp. Not yet: ZeRO-3 with other axes, ``--pp`` with ``--cp``/``--ep``
+and ``--experts`` with ``--tp`` (the flags exist and say so).
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 import gpucourse as gc
+
+
+#: ``--optimizer``: AdamW keeps 8 bytes of fp32 state per parameter; SGD (no momentum) none, and its
+#: update is proportional to the gradient — a wrongly scaled gradient shows in the next loss, which
+#: Adam's ``m / √v`` hides.
+OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
 
 def parse(argv=None):
@@ -64,6 +71,9 @@ def parse(argv=None):
     p.add_argument("--capacity-factor", type=float, default=None,
                    help="each expert takes at most this × its mean share of token copies (default: no limit)")
     p.add_argument("--steps", type=int, default=4, help="timed steps (after one warm-up)")
+    p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS),
+                   help="adamw (what the planner's optimizer bytes assume) or plain sgd")
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--nprocs", type=int, default=0, help="start the ranks with gc.launch instead of torchrun")
     p.add_argument("--timeout", type=float, default=300.0)
@@ -72,14 +82,12 @@ def parse(argv=None):
     unsupported = [what for what, bad in (
         ("--zero 3 with --tp/--pp/--cp/--ep or --recompute",
          a.zero == 3 and (a.tp * a.pp * a.cp * a.ep > 1 or a.recompute != "none")),
-        ("--recompute selective", a.recompute == "selective"),
         ("--pp with --cp or --ep", a.pp > 1 and a.cp * a.ep > 1),
-        ("--recompute full with --pp and --tp", a.pp > 1 and a.tp > 1 and a.recompute == "full"),
-        ("--zero with --ep", a.zero and a.ep > 1), ("--experts with --tp", a.experts > 1 and a.tp > 1)) if bad]
+        ("--experts with --tp", a.experts > 1 and a.tp > 1)) if bad]
     if unsupported:
         p.error(f"{', '.join(unsupported)}: not supported by this version of train_nd.py "
                 "(supported: dp, zero 0-2 (3 with dp only), tp, cp, ep, pp × dp × tp, micro-batches, "
-                "recompute none|full)")
+                "recompute none|selective|full)")
     if a.ep > 1 and a.experts % a.ep:
         p.error(f"--ep {a.ep} must divide --experts {a.experts}")
     if a.capacity_factor is not None and not a.capacity_factor > 0:
@@ -96,6 +104,27 @@ def parse(argv=None):
     if a.nprocs and a.nprocs != world:
         p.error(f"--nprocs {a.nprocs} but dp·tp·pp·cp·ep = {world}")
     return a
+
+
+class Optimizers:
+    """Several optimizers stepped as one (ZeRO over the dense parameters and over the experts, each
+    sharded over the ranks that hold a copy of them)."""
+
+    def __init__(self, *optimizers):
+        self.optimizers = optimizers
+        self.param_groups = [g for o in optimizers for g in o.param_groups]
+
+    @property
+    def state(self):
+        return {k: v for o in self.optimizers for k, v in o.state.items()}
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
 
 
 class AllReduceOptimizer:
@@ -179,19 +208,38 @@ class ZigzagPositions(torch.nn.Module):
         return self.embedding(self.positions[ids])
 
 
-def ring_attention_forward(attn, cp_group):
-    """``attn``'s forward (TinyGPT's or its tensor-parallel heads) with ``gc.ring_attention`` as the core."""
+def sdpa_core(q, k, v):
+    """The attention core of ``gc.TinyGPT``: causal fused SDPA over ``(B, H, T, D)``."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def attention_forward(attn, core):
+    """``attn``'s forward (TinyGPT's or its tensor-parallel heads) with ``core(q, k, v)`` as its core."""
     tp_group = getattr(attn, "group", None) if isinstance(attn, gc.TensorParallelAttention) else None
 
-    def forward(x):                                                     # (B, T/cp, C), zig-zag order
+    def forward(x):                                                     # (B, T, C)
         B, T, _ = x.shape
         if tp_group is not None:
             x = gc.copy_to_tensor_parallel(x, tp_group)
         q, k, v = (torch.nn.functional.linear(x, lin.weight, lin.bias).view(B, T, -1, attn.head_dim).transpose(1, 2)
-                   for lin in (attn.q, attn.k, attn.v))                 # (B, H, T/cp, D)
-        y = gc.ring_attention(q, k, v, cp_group, causal=True, layout="zigzag")
-        return attn.proj(y.transpose(1, 2).reshape(B, T, -1))
+                   for lin in (attn.q, attn.k, attn.v))                 # (B, H, T, D)
+        return attn.proj(core(q, k, v).transpose(1, 2).reshape(B, T, -1))
     return forward
+
+
+def set_attention_cores(model, make_core):
+    """Give every attention of ``model`` the core ``make_core(its current core)``."""
+    for attn in model.modules():
+        if isinstance(attn, (gc.CausalSelfAttention, gc.TensorParallelAttention)):
+            attn.core = make_core(getattr(attn, "core", sdpa_core))
+            attn.forward = attention_forward(attn, attn.core)
+
+
+def recompute_attention_cores(model):
+    """Selective recomputation (Korthikanti et al. 2022): only the attention core runs again in the
+    backward. With a fused kernel there is no score matrix to drop; the core keeps q, k, v (its
+    checkpointed inputs) and the output (the projection's input) and drops its log-sum-exp."""
+    set_attention_cores(model, lambda core: lambda q, k, v: checkpoint(core, q, k, v, use_reentrant=False))
 
 
 def context_parallel(model, group, rank, size, seq):
@@ -203,8 +251,8 @@ def context_parallel(model, group, rank, size, seq):
     full sequence's."""
     positions = gc.zigzag_split(torch.arange(seq), rank, size, dim=0)
     model.pos_emb = ZigzagPositions(model.pos_emb, positions)
-    for block in model.blocks:
-        block.attn.forward = ring_attention_forward(block.attn, group)
+    set_attention_cores(model, lambda _: lambda q, k, v: gc.ring_attention(q, k, v, group, causal=True,
+                                                                         layout="zigzag"))
     return model
 
 
@@ -233,7 +281,7 @@ class LossOf(torch.nn.Module):
 
 def checkpoint_blocks(model):
     """Full recomputation: each block keeps only its input; its forward runs again in the backward."""
-    if not isinstance(model, gc.TensorParallelGPT):     # TinyGPT or a pipeline Stage: blocks are called
+    if not isinstance(model, (gc.TensorParallelGPT, gc.PipelineStage3D)):   # TinyGPT, a Stage: blocks are called
         for block in model.blocks:
             inner = block.forward
             block.forward = lambda x, inner=inner: checkpoint(inner, x, use_reentrant=False)
@@ -244,6 +292,19 @@ def checkpoint_blocks(model):
             x = x + b.attn(b.ln1(x))
             return x + b.mlp(b.ln2(x))
         return run
+
+    if isinstance(model, gc.PipelineStage3D):
+        def stage_forward(x):              # PipelineStage3D.forward (fp32) with every block checkpointed
+            if model.first:
+                x = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1], device=x.device))
+            for b in model.blocks:
+                x = checkpoint(block_fn(b), x, use_reentrant=False)
+            if model.last:
+                x = gc.copy_to_tensor_parallel(model.ln_f(x), model.group, label="head")
+                return torch.nn.functional.linear(x, model.tok_emb.weight).float()
+            return x.float()
+        model.forward = stage_forward
+        return
 
     def forward(idx):                      # TensorParallelGPT.forward with every block checkpointed
         T = idx.shape[1]
@@ -306,13 +367,15 @@ def pipeline_worker(rank, world_size, a):
         stage = Stage(build_model(a), pp_rank, a.pp)
     if a.recompute == "full":
         checkpoint_blocks(stage)
+    elif a.recompute == "selective":
+        recompute_attention_cores(stage)
     params = list(stage.parameters())
     if a.zero and a.dp > 1:
-        opt = gc.ZeroOptimizer(params, torch.optim.AdamW, stage=a.zero, group=dp_group, lr=1e-3)
+        opt = gc.ZeroOptimizer(params, OPTIMIZERS[a.optimizer], stage=a.zero, group=dp_group, lr=a.lr)
     elif a.dp > 1:
-        opt = AllReduceOptimizer([(params, dp_group)], torch.optim.AdamW(params, lr=1e-3), a.dp)
+        opt = AllReduceOptimizer([(params, dp_group)], OPTIMIZERS[a.optimizer](params, lr=a.lr), a.dp)
     else:
-        opt = torch.optim.AdamW(params, lr=1e-3)
+        opt = OPTIMIZERS[a.optimizer](params, lr=a.lr)
     comm = gc.PipelineComm(ranks=[p * per + dp_rank * a.tp + tp_rank for p in range(a.pp)])
     schedule = gc.make_schedule("1f1b", a.pp, a.microbatches)
     local = a.global_batch // a.dp
@@ -380,6 +443,8 @@ def worker(rank, world_size, a):
         context_parallel(model, cp_group, at["cp"], a.cp, a.seq)
     if a.recompute == "full":
         checkpoint_blocks(model)
+    elif a.recompute == "selective":
+        recompute_attention_cores(model)
     experts = {id(p) for m in model.modules() if isinstance(m, gc.ExpertParallelMoE) for p in m.experts.parameters()}
     dense = [p for p in model.parameters() if id(p) not in experts]
     expert = [p for p in model.parameters() if id(p) in experts]
@@ -389,14 +454,21 @@ def worker(rank, world_size, a):
 
         def loss_of(idx, targets):        # TinyGPT.loss, called through the sharded wrapper
             return torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), targets.flatten())
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        opt = OPTIMIZERS[a.optimizer](model.parameters(), lr=a.lr)
+    elif a.zero and replicas > 1 and expert:
+        # experts: summed over the dp·cp ranks holding a copy, but the batch was cut into dp·cp·ep
+        # pieces — ZeroOptimizer averages over its group, so each expert gradient first gets 1/ep
+        for p in expert:
+            p.register_hook(lambda g: g / a.ep)
+        opt = Optimizers(gc.ZeroOptimizer(dense, OPTIMIZERS[a.optimizer], stage=a.zero, group=data_group, lr=a.lr),
+                         gc.ZeroOptimizer(expert, OPTIMIZERS[a.optimizer], stage=a.zero, group=expert_group, lr=a.lr))
     elif a.zero and replicas > 1:
-        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=a.zero, group=data_group, lr=1e-3)
+        opt = gc.ZeroOptimizer(model.parameters(), OPTIMIZERS[a.optimizer], stage=a.zero, group=data_group, lr=a.lr)
     elif replicas > 1:
         opt = AllReduceOptimizer([(dense, data_group), (expert, expert_group)],
-                                 torch.optim.AdamW(model.parameters(), lr=1e-3), replicas)
+                                 OPTIMIZERS[a.optimizer](model.parameters(), lr=a.lr), replicas)
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        opt = OPTIMIZERS[a.optimizer](model.parameters(), lr=a.lr)
     data_rank = at["dp"] * a.ep + at["ep"]                                # tp and cp ranks share their batch
     micro = a.global_batch // (a.dp * a.ep) // a.microbatches
     g = torch.Generator().manual_seed(1000 + data_rank)

@@ -16,7 +16,7 @@ parallelism ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``, with sequence parallelism
 
 from __future__ import annotations
 
-from ..runtime import check_choice, check_int
+from ..runtime import check_choice, check_int, check_positive
 from ..sharding import zero_memory_parts
 from .config import ParallelConfig
 from .model_spec import ModelSpec
@@ -27,7 +27,7 @@ __all__ = ["activation_terms", "layer_activation_bytes", "korthikanti_layer_byte
 
 def activation_terms(model: ModelSpec, *, micro_batch: int, tp: int = 1, sequence_parallel: bool = False,
                      cp: int = 1, recompute: str = "none", dtype_bytes: int = 2, attention: str = "flash",
-                     dropout: bool = False) -> list[tuple[str, int]]:
+                     dropout: bool = False, expert_load: float = 1.0) -> list[tuple[str, int]]:
     """Every tensor one layer saves for its backward, on one rank: ``[(name, bytes), …]``.
 
     Args:
@@ -43,6 +43,9 @@ def activation_terms(model: ModelSpec, *, micro_batch: int, tp: int = 1, sequenc
         attention: ``"flash"`` (a fused kernel: keeps its output and log-sum-exp, no scores) or
             ``"eager"`` (keeps the ``seq × seq`` softmax, as in the paper).
         dropout: the layer has dropout (GPT-3 did; current LLM pre-training and ``gc.TinyGPT`` do not).
+        expert_load: the token copies this rank's experts receive over the even share
+            (``model.expert_load(ep)`` for the busiest expert-parallel rank): scales what the experts
+            keep (their inputs and MLP tensors), not the rank's own routing and combine tensors.
 
     Example::
 
@@ -63,14 +66,15 @@ def activation_terms(model: ModelSpec, *, micro_batch: int, tp: int = 1, sequenc
     check_choice("recompute", recompute, ("none", "selective", "full"))
     check_int("dtype_bytes", dtype_bytes, 1)
     check_choice("attention", attention, ("flash", "eager"))
+    check_positive("expert_load", expert_load)
     if model.seq % cp:
         raise ValueError(f"seq ({model.seq}) must be divisible by cp ({cp})")
     tokens = micro_batch * (model.seq // cp)             # b · s/cp tokens on this rank
     rep = tp if sequence_parallel else 1                 # "replicated" tensors: split only with SP
     h, kv, f, a, e = model.hidden, model.kv_dim, model.ffn, model.heads, dtype_bytes
 
-    def t(name, per_token, split, nbytes=e):
-        return (name, tokens * per_token * nbytes // split)
+    def t(name, per_token, split, nbytes=e, load=1.0):
+        return (name, int(tokens * per_token * nbytes * load) // split)
 
     if recompute == "full":
         return [t("layer input", h, rep)]
@@ -96,12 +100,14 @@ def activation_terms(model: ModelSpec, *, micro_batch: int, tp: int = 1, sequenc
         terms += [t("router probabilities", model.experts, rep, 4),
                   t("routing indices (top-k ids, each copy's token and slot)", 3 * k, rep, 8),
                   t("routing weights (top-k, their sum, each copy's)", 2 * k + 1, rep, 4),
-                  t("expert inputs (dispatched tokens)", k * h, rep)]
+                  t("expert inputs (dispatched tokens)", k * h, rep, load=expert_load)]
+    x = expert_load if model.experts > 1 else 1.0        # what this rank's experts were sent
     if model.gated_mlp:
-        terms += [t("w1 output (SiLU input)", k * f, tp), t("w3 output", k * f, tp), t("SiLU output", k * f, tp),
-                  t("w2 input (gate product)", k * f, tp)]
+        terms += [t("w1 output (SiLU input)", k * f, tp, load=x), t("w3 output", k * f, tp, load=x),
+                  t("SiLU output", k * f, tp, load=x), t("w2 input (gate product)", k * f, tp, load=x)]
     else:
-        terms += [t("fc1 output (activation input)", k * f, tp), t("fc2 input (activation output)", k * f, tp)]
+        terms += [t("fc1 output (activation input)", k * f, tp, load=x),
+                  t("fc2 input (activation output)", k * f, tp, load=x)]
     if model.experts > 1:                                # y = Σ w · expert output: both factors' results kept
         terms += [t("expert outputs (combine input)", k * h, rep), t("weighted expert outputs", k * h, rep)]
     if dropout:

@@ -134,7 +134,7 @@ def predict(model: ModelSpec, cluster: ClusterSpec, config: ParallelConfig, *, g
     e = c.dtype_bytes
     # --- memory, stage by stage ----------------------------------------------------------------
     act_args = dict(micro_batch=micro, tp=c.tp, sequence_parallel=c.sequence_parallel, cp=c.cp, dtype_bytes=e)
-    layer = layer_activation_bytes(model, recompute=c.recompute, **act_args)
+    layer = layer_activation_bytes(model, recompute=c.recompute, expert_load=model.expert_load(c.ep), **act_args)
     stages = []
     for s, (params, n_layers) in enumerate(zip(stage_params(model, c), stage_layers(model.layers, c.pp))):
         dense = model_state_bytes(params["dense"], c.dp * c.cp * c.ep, c.zero, c.dtype)

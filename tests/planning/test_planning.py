@@ -216,3 +216,20 @@ def test_without_overlap_ring_attention_traffic_counts_whole():
                               dtype_bytes=2)["total"]
     assert whole == pytest.approx(2 * (3 * 1e-5 + nbytes * 1e-9))         # 2 layers, no compute subtracted
     assert 0 <= hidden < whole
+
+
+def test_the_busiest_expert_rank_keeps_load_times_the_experts_activations():
+    base = dict(layers=2, hidden=128, heads=4, ffn=512, vocab=256, seq=64, experts=4, top_k=2)
+    free, capped = gc.ModelSpec(**base), gc.ModelSpec(**base, capacity_factor=1.5)
+    even = dict(gc.activation_terms(free, micro_batch=2, dtype_bytes=4))
+    busy = dict(gc.activation_terms(free, micro_batch=2, dtype_bytes=4, expert_load=1.5))
+    received = {"expert inputs (dispatched tokens)", "fc1 output (activation input)", "fc2 input (activation output)"}
+    for name in even:                                  # the experts' tensors grow, the rank's own do not
+        assert busy[name] == (even[name] * 3 // 2 if name in received else even[name]), name
+    c = gc.ClusterSpec(1, 4, 8e9, 1e12)
+    p, q = (gc.predict(m, c, gc.ParallelConfig(ep=4), global_batch=8).memory for m in (free, capped))
+    even16, busy16 = (dict(gc.activation_terms(free, micro_batch=2, expert_load=x)) for x in (1.0, 1.5))   # bf16
+    assert q.activations - p.activations == 2 * sum(busy16[n] - even16[n] for n in received)   # 2 layers
+    assert (q.params, q.optimizer) == (p.params, p.optimizer)
+    with pytest.raises(ValueError, match="expert_load"):
+        gc.activation_terms(free, micro_batch=2, expert_load=0)
