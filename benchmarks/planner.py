@@ -59,7 +59,7 @@ MEMORY = [  # (train_nd flags, ParallelConfig)
     ("--dp 4 --ep 2 --zero 1 --experts 4 --top-k 2", dict(dp=4, ep=2, zero=1)),
 ]
 WIDE = ["--layers", "2", "--hidden", "512", "--heads", "8", "--vocab", "512", "--seq", "256", "--global-batch", "8",
-        "--steps", "3"]
+        "--steps", "5"]
 TIME = [
     ("--dp 2", dict(dp=2)),
     ("--dp 2 --zero 2", dict(dp=2, zero=2)),
@@ -75,7 +75,7 @@ TIME = [
     ("--dp 2 --zero 3", dict(dp=2, zero=3)),
 ]
 KINDS = ("params", "grads", "optimizer", "activations")
-ROUNDS = 2          # every time configuration runs once per round; the least disturbed (minimum) counts
+ROUNDS = 3          # every time configuration runs once per round; the least disturbed (minimum) counts
 
 
 def run(flags, common):
