@@ -14,6 +14,7 @@ Exit status: 0 when everything passes, 1 otherwise, 2 when a file is missing.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,8 +61,13 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
         if cell.cell_type == "code":
             cell.outputs = []
             cell.execution_count = None
-    client = NotebookClient(nb, km=_current_env_kernel_manager(), timeout=cell_timeout,
-                            allow_errors=allow_errors, record_timing=False,
+    # The kernel talks over Unix sockets in a private folder, not TCP: TCP ports are picked free,
+    # closed and then bound by the kernel, and another process (a test's gloo store, a second
+    # kernel) can take one in between — CI once saw a kernel that never answered for 180 s.
+    sockets = tempfile.mkdtemp(prefix="gpucourse-kernel-")
+    km = _current_env_kernel_manager()
+    km.transport, km.ip = "ipc", os.path.join(sockets, "kernel")
+    client = NotebookClient(nb, km=km, timeout=cell_timeout, allow_errors=allow_errors, record_timing=False,
                             resources={"metadata": {"path": str(path.parent.resolve())}})
     fatal = ""
     try:
@@ -70,6 +76,8 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
         fatal = f"a cell ran longer than {cell_timeout:g} s: {str(e).splitlines()[0]}"
     except DeadKernelError as e:
         fatal = f"the kernel died: {str(e).splitlines()[0]}"
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     return nb, fatal
 
 
