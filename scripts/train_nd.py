@@ -281,40 +281,13 @@ class LossOf(torch.nn.Module):
 
 def checkpoint_blocks(model):
     """Full recomputation: each block keeps only its input; its forward runs again in the backward."""
-    if not isinstance(model, (gc.TensorParallelGPT, gc.PipelineStage3D)):   # TinyGPT, a Stage: blocks are called
-        for block in model.blocks:
-            inner = block.forward
-            block.forward = lambda x, inner=inner: checkpoint(inner, x, use_reentrant=False)
+    if isinstance(model, (gc.TensorParallelGPT, gc.PipelineStage3D)):   # blocks inlined in the forward
+        inner = model.run_block
+        model.run_block = lambda b, x: checkpoint(inner, b, x, use_reentrant=False)
         return
-
-    def block_fn(b):                       # a TensorParallelGPT block (its forward is inlined in the model's)
-        def run(x):
-            x = x + b.attn(b.ln1(x))
-            return x + b.mlp(b.ln2(x))
-        return run
-
-    if isinstance(model, gc.PipelineStage3D):
-        def stage_forward(x):              # PipelineStage3D.forward (fp32) with every block checkpointed
-            if model.first:
-                x = model.tok_emb(x) + model.pos_emb(torch.arange(x.shape[1], device=x.device))
-            for b in model.blocks:
-                x = checkpoint(block_fn(b), x, use_reentrant=False)
-            if model.last:
-                x = gc.copy_to_tensor_parallel(model.ln_f(x), model.group, label="head")
-                return torch.nn.functional.linear(x, model.tok_emb.weight).float()
-            return x.float()
-        model.forward = stage_forward
-        return
-
-    def forward(idx):                      # TensorParallelGPT.forward with every block checkpointed
-        T = idx.shape[1]
-        x = model.tok_emb(idx) + model.pos_emb(torch.arange(T, device=idx.device))
-        for b in model.blocks:
-            x = checkpoint(block_fn(b), x, use_reentrant=False)
-        x = gc.copy_to_tensor_parallel(model.ln_f(x), model.group, label="head")
-        return torch.nn.functional.linear(x, model.tok_emb.weight)
-
-    model.forward = forward
+    for block in model.blocks:                                         # TinyGPT or a Stage: blocks are called
+        inner = block.forward
+        block.forward = lambda x, inner=inner: checkpoint(inner, x, use_reentrant=False)
 
 
 class Stage(torch.nn.Module):

@@ -42,6 +42,7 @@ from ..pipeline import PipelineComm, make_schedule, pipeline_step
 from ..runtime import check_choice, check_int, check_positive
 from ..sharding import ZeroOptimizer
 from ..tensor_parallel import (
+    TensorParallelGPT,
     comm_meter,
     copy_to_tensor_parallel,
     tensor_parallel_gpt,
@@ -92,13 +93,14 @@ class PipelineStage3D(nn.Module):
         self.blocks = nn.ModuleList(tp_model.blocks[i] for i in blocks)
         self.ln_f = tp_model.ln_f if last else None
 
+    run_block = staticmethod(TensorParallelGPT.run_block)                # one block; wrap it to checkpoint
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             if self.first:                                               # (B, T) -> (B, T, C)
                 x = self.tok_emb(x) + self.pos_emb(torch.arange(x.shape[1], device=x.device))
             for b in self.blocks:                                        # tp group: f/g inside
-                x = x + b.attn(b.ln1(x))
-                x = x + b.mlp(b.ln2(x))
+                x = self.run_block(b, x)
             if self.last:                                                # (B, T, V_tp), tied head
                 x = copy_to_tensor_parallel(self.ln_f(x), self.group, label="head")
                 return F.linear(x, self.tok_emb.weight).float()         # the loss in fp32

@@ -119,10 +119,18 @@ class TensorParallelGPT(nn.Module):
         T = idx.shape[1]
         x = self.tok_emb(idx) + self.pos_emb(torch.arange(T, device=idx.device))   # (B, T, C)
         for b in self.blocks:
-            x = x + b.attn(b.ln1(x))
-            x = x + b.mlp(b.ln2(x))
+            x = self.run_block(b, x)
         x = copy_to_tensor_parallel(self.ln_f(x), self.group, label="head")        # f before the head
         return F.linear(x, self.tok_emb.weight)                                    # (B, T, V_r)
+
+    @staticmethod
+    def run_block(b: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """One tensor-parallel block: ``x + attn(ln1(x))``, then ``+ mlp(ln2(…))`` (f/g inside).
+
+        The blocks' forward is inlined here rather than in the blocks; a caller wraps this method
+        to change how every block runs (``torch.utils.checkpoint`` for full recomputation)."""
+        x = x + b.attn(b.ln1(x))
+        return x + b.mlp(b.ln2(x))
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The same number as ``TinyGPT.loss``, computed without gathering the logits."""
