@@ -22,7 +22,7 @@ combined with dp and tp — a tp × pp stage is chapter 10's ``gc.PipelineStage3
 ``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
 accumulation without pp) and ``--recompute none|selective|full`` (selective: each attention core
 checkpointed; full: each block). ``--zero 3`` is
-chapter 08's ``gc.FullyShardedModule`` over dp (with dp and micro-batches only).
+chapter 08's ``gc.FullyShardedModule`` over dp, one unit per block (with dp and micro-batches only).
 
 Mesh order (Megatron-LM's): tp innermost (neighbouring ranks), then cp, ep, dp, pp. cp and ep ranks
 are data-parallel ranks for the dense parameters — their gradients are summed over dp·cp·ep; an
@@ -422,8 +422,12 @@ def worker(rank, world_size, a):
     dense = [p for p in model.parameters() if id(p) not in experts]
     expert = [p for p in model.parameters() if id(p) in experts]
     loss_of = model.loss
-    if a.zero == 3 and replicas > 1:      # ZeRO-3: every layer sharded over dp, the tied tok_emb gathered
-        model = gc.FullyShardedModule(model, group=data_group)
+    if a.zero == 3 and replicas > 1:
+        # ZeRO-3, wrapped as FSDP is: one unit per block and a root unit for the rest (the embeddings,
+        # kept gathered through the forward for the tied head, and the final norm) — 3 collectives
+        # per unit and micro-batch, the count chapter 12's planner assumes
+        model = gc.FullyShardedModule(model, group=data_group,
+                                      units=["", *(f"blocks.{i}" for i in range(len(model.blocks)))])
 
         def loss_of(idx, targets):        # TinyGPT.loss, called through the sharded wrapper
             return torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), targets.flatten())

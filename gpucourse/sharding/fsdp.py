@@ -42,11 +42,14 @@ __all__ = ["FullyShardedModule"]
 class _Unit:
     """One layer's own parameters: names, shapes, where they sit in its flat buffer, its shard."""
 
-    def __init__(self, path: str, module: nn.Module, group, rank: int, world_size: int, root_rank: int):
+    def __init__(self, path: str, module: nn.Module, group, rank: int, world_size: int, root_rank: int,
+                 params: list | None = None):
         self.path, self.module, self.group = path, module, group
         self.rank, self.world_size = rank, world_size
-        params = list(module.named_parameters(recurse=False))
+        # (name relative to ``module``, parameter): its own parameters, or those a wrapped unit claims
+        params = list(module.named_parameters(recurse=False)) if params is None else params
         self.names = [n for n, _ in params]
+        self.owners = [_owner(module, n) for n in self.names]        # (module holding it, attribute)
         self.shapes = [p.shape for _, p in params]
         self.numels = [p.numel() for _, p in params]
         self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
@@ -60,9 +63,9 @@ class _Unit:
             dist.broadcast(flat, root_rank, group=group)       # every rank starts from rank 0's values
         self.shard = nn.Parameter(flat.view(world_size, -1)[rank].clone())      # (S,) mine
         self.full = None                    # the gathered (N·S,) buffer while it is needed
-        for name in self.names:             # the layer keeps no parameters of its own any more
-            del module._parameters[name]
-            setattr(module, name, None)
+        for owner, leaf in self.owners:     # the layer keeps no parameters of its own any more
+            del owner._parameters[leaf]
+            setattr(owner, leaf, None)
 
     def gather(self) -> torch.Tensor:
         """All-gather the full flat buffer (no autograd): ``(N·S,)``."""
@@ -72,31 +75,54 @@ class _Unit:
             self.full = _all_gather_flat(buf, self.group)
         return self.full
 
-    def attach(self, full: torch.Tensor) -> None:
-        """Point the layer's parameter names at views into ``full``."""
-        for name, shape, off, n in zip(self.names, self.shapes, self.offsets, self.numels):
-            setattr(self.module, name, full[off:off + n].view(shape))
+    def views(self, full: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The unit's parameters as views into the flat buffer ``full``, in ``names`` order."""
+        return tuple(full[off:off + n].view(shape) for shape, off, n in zip(self.shapes, self.offsets, self.numels))
+
+    def attach(self, params) -> None:
+        """Point the layer's parameter names at ``params`` (views into the gathered buffer)."""
+        for (owner, leaf), p in zip(self.owners, params):
+            setattr(owner, leaf, p)
 
     def release(self) -> None:
         self.full = None
-        for name in self.names:
-            setattr(self.module, name, None)
+        for owner, leaf in self.owners:
+            setattr(owner, leaf, None)
+
+
+def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """``("attn.q.weight")`` → ``(module.attn.q, "weight")``."""
+    *path, leaf = name.split(".")
+    for part in path:
+        module = getattr(module, part)
+    return module, leaf
 
 
 class _GatherParams(torch.autograd.Function):
-    """Forward: all-gather a unit's shards. Backward: reduce-scatter the gradient, averaged."""
+    """Forward: all-gather a unit's shards, return its parameters (views into the buffer).
+    Backward: copy their gradients into one flat buffer, reduce-scatter it, averaged.
+
+    One output per parameter, not the flat buffer: autograd would turn each view's gradient into a
+    zero-filled gradient of the *whole* buffer and add them up — a block of 16 parameters would
+    fill and add 16 buffers of its full size."""
 
     @staticmethod
     def forward(ctx, shard, unit):
         ctx.unit = unit
-        return unit.gather()
+        return unit.views(unit.gather())
 
     @staticmethod
-    def backward(ctx, grad_full):
+    def backward(ctx, *grads):
         unit = ctx.unit
         unit.full = None                                      # backward of this layer is done
-        grad = grad_full.contiguous().clone()                 # (N·S,) this rank's gradient
-        mine = _reduce_scatter_flat(grad, unit.group)         # (S,) sum over ranks of my slice
+        flat = torch.empty(unit.padded, dtype=unit.shard.dtype, device=unit.shard.device)  # (N·S,) mine
+        flat[sum(unit.numels):].zero_()                       # the padding
+        for g, off, n in zip(grads, unit.offsets, unit.numels):
+            if g is None:                                     # a parameter this step did not use
+                flat[off:off + n].zero_()
+            else:
+                flat[off:off + n].copy_(g.reshape(-1))
+        mine = _reduce_scatter_flat(flat, unit.group)         # (S,) sum over ranks of my slice
         return mine.div(unit.world_size), None
 
 
@@ -107,6 +133,48 @@ class _Note:
 
     def __init__(self, unit, t):
         self.unit, self.size, self.stride, self.offset = unit, t.size(), t.stride(), t.storage_offset()
+
+
+def _units_of(module: nn.Module, units) -> list[tuple[str, nn.Module, list]]:
+    """``[(path, module, [(name relative to it, parameter), …]), …]``: one unit per path in ``units``
+    (the parameters below it that no deeper path claims), then every module that owns parameters
+    below no path, on its own (``units=None``: all of them)."""
+    modules = dict(module.named_modules())
+    if units is None:
+        units = []
+    elif isinstance(units, str):
+        raise TypeError(f"units must be a list of module paths, got one string {units!r}; write [{units!r}]")
+    else:
+        units = list(units)
+        bad = [u for u in units if not isinstance(u, str)]
+        if bad:
+            raise TypeError(f"units must be module paths (str), got {bad!r}")
+        if len(set(units)) != len(units):
+            raise ValueError(f"units: {sorted(u for u in set(units) if units.count(u) > 1)} listed more than once")
+        unknown = [u for u in units if u not in modules]
+        if unknown:
+            raise ValueError(f"units: {unknown} are not modules of {type(module).__name__}; "
+                             f"its modules: {list(modules)[:8]}{' …' if len(modules) > 8 else ''}")
+
+    def unit_of(path: str):                     # the deepest listed path at or above ``path``
+        above = [u for u in units if u == "" or path == u or path.startswith(u + ".")]
+        return max(above, key=len) if above else None
+
+    claimed, loose = {u: [] for u in units}, []
+    for path, m in modules.items():
+        own = list(m.named_parameters(recurse=False))
+        if not own:
+            continue
+        u = unit_of(path)
+        if u is None:
+            loose.append((path, m, own))
+            continue
+        rel = path[len(u):].lstrip(".")
+        claimed[u] += [(f"{rel}.{n}" if rel else n, p) for n, p in own]
+    empty = [u for u in units if not claimed[u]]
+    if empty:
+        raise ValueError(f"units: {empty} hold no parameters (none below them, or deeper units claim them all)")
+    return [(u, modules[u], claimed[u]) for u in units] + loose
 
 
 class FullyShardedModule(nn.Module):
@@ -123,10 +191,17 @@ class FullyShardedModule(nn.Module):
         module: the model. Its parameters are taken out of it (rank 0's values are used on every
             rank, as DDP does); buffers (BatchNorm's statistics) stay as they are.
         group: the process group (default: the default group).
-        keep_gathered: paths (as in ``named_modules()``) of the layers whose parameters stay
+        keep_gathered: paths (as in ``named_modules()``) of the units whose parameters stay
             gathered from the start to the end of the model's forward instead of only during their
             own forward; needed for a weight the model reads outside its layer, e.g. a head tied to
-            the embedding. ``None`` (default): every ``nn.Embedding``.
+            the embedding. ``None`` (default): every unit that holds an ``nn.Embedding``.
+        units: paths of modules to shard as *one* unit each — FSDP's wrapping, e.g. every
+            transformer block and ``""`` (the model: whatever no block claims). A unit holds every
+            parameter below it that no deeper unit in the list claims; modules owning parameters
+            below no listed path stay units of their own. ``None`` (default): one unit per module
+            that owns parameters. Each unit costs 3 blocking collectives per forward + backward
+            (all-gather, all-gather again for the backward, reduce-scatter): fewer, larger units
+            mean fewer waits, while more full parameters exist at once (a whole block's).
 
     Example::
 
@@ -138,6 +213,13 @@ class FullyShardedModule(nn.Module):
         ...     return [p.numel() for p in model.parameters()], tuple(out.shape)
         >>> gc.launch(demo, 2)                                     # 8 + 8 (one of padding)
         [([8], (2, 3)), ([8], (2, 3))]
+        >>> def wrapped(rank, world_size):                          # 2 layers: 2 units, or 1
+        ...     net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+        ...     each = gc.FullyShardedModule(net)
+        ...     net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+        ...     return len(each.shards), len(gc.FullyShardedModule(net, units=[""]).shards)
+        >>> gc.launch(wrapped, 2)[0]
+        (2, 1)
 
     .. warning::
         Every rank must run the same layers in the same order, forward and backward: each gather
@@ -149,7 +231,7 @@ class FullyShardedModule(nn.Module):
         unless the layer is in ``keep_gathered`` (embeddings are, by default).
     """
 
-    def __init__(self, module: nn.Module, group=None, *, keep_gathered=None):
+    def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None):
         super().__init__()
         validate.check_type("module", module, nn.Module, "an nn.Module")
         if not any(True for _ in module.parameters()):
@@ -163,26 +245,28 @@ class FullyShardedModule(nn.Module):
         if mixed:
             raise ValueError(f"modules {mixed} own parameters of different dtypes; each layer's parameters "
                              "are flattened into one buffer and must share one dtype")
-        # 1) one unit per submodule that owns parameters itself (Linear, LayerNorm, ...)
-        owners = [(path, m) for path, m in module.named_modules()
-                  if any(True for _ in m.parameters(recurse=False))]
+        # 1) one unit per submodule that owns parameters itself (Linear, LayerNorm, ...), or per
+        #    module named in ``units`` (all the parameters below it that no deeper unit claims)
+        owners = _units_of(module, units)
         if keep_gathered is None:              # embeddings: the layer a GPT head is tied to
-            keep_gathered = [path for path, m in owners if isinstance(m, nn.Embedding)]
+            keep_gathered = [path for path, m, params in owners
+                             if any(isinstance(_owner(m, n)[0], nn.Embedding) for n, _ in params)]
         else:
             if isinstance(keep_gathered, str):
                 raise TypeError("keep_gathered must be a list of module paths, got one string "
                                 f"{keep_gathered!r}; write [{keep_gathered!r}]")
             keep_gathered = list(keep_gathered)
-            unknown = sorted(set(keep_gathered) - {path for path, _ in owners})
+            unknown = sorted(set(keep_gathered) - {path for path, _, _ in owners})
             if unknown:
-                raise ValueError(f"keep_gathered: {unknown} are not modules that own parameters; "
-                                 f"allowed: {[path for path, _ in owners]}")
+                raise ValueError(f"keep_gathered: {unknown} are not units (modules that own parameters, or "
+                                 f"the paths in units=); allowed: {[path for path, _, _ in owners]}")
         rank, world_size, global_rank = group_info(group)
-        _same_on_every_rank("the parameters' names and shapes",
-                            [(n, tuple(p.shape)) for n, p in module.named_parameters()], group)
+        _same_on_every_rank("the parameters' names and shapes and the units",
+                            ([(n, tuple(p.shape)) for n, p in module.named_parameters()],
+                             [path for path, _, _ in owners]), group)
         self.module, self.group = module, group
         self.rank, self.world_size = rank, world_size
-        self._units = [_Unit(path, m, group, rank, world_size, global_rank(0)) for path, m in owners]
+        self._units = [_Unit(path, m, group, rank, world_size, global_rank(0), params) for path, m, params in owners]
         self.shards = nn.ParameterList([u.shard for u in self._units])   # what parameters() yields
         self._gathered: dict[int, _Unit] = {}       # storage pointer of a gathered buffer -> its unit
         # the units gathered for the whole forward (FSDP's root unit), the others around their layer
@@ -196,11 +280,11 @@ class FullyShardedModule(nn.Module):
     # -- 2) forward: gather before the layer, free after it -------------------------------------
     def _gather(self, unit) -> None:
         if torch.is_grad_enabled():
-            full = _GatherParams.apply(unit.shard, unit)        # backward = reduce-scatter
+            params = _GatherParams.apply(unit.shard, unit)      # backward = reduce-scatter
         else:
-            full = unit.gather()
-        self._gathered[full.untyped_storage().data_ptr()] = unit
-        unit.attach(full)
+            params = unit.views(unit.gather())
+        self._gathered[unit.full.untyped_storage().data_ptr()] = unit
+        unit.attach(params)
 
     def _release(self, unit) -> None:
         if unit.full is not None:
