@@ -180,7 +180,8 @@ def _units_of(module: nn.Module, units) -> list[tuple[str, nn.Module, list]]:
 class FullyShardedModule(nn.Module):
     """ZeRO-3 from scratch: every layer's parameters sharded over the ranks, gathered when used.
 
-    Every submodule that owns parameters (a ``Linear``, a ``LayerNorm``, …) becomes a *unit*: its
+    Every submodule that owns parameters (a ``Linear``, a ``LayerNorm``, …) becomes a *unit* — or,
+    with ``units=``, every listed module (a transformer block) with all its parameters: its
     parameters are flattened, padded to split evenly, and rank ``r`` keeps slice ``r``. Forward and
     backward gather a unit's full parameters just before it runs and free them after; the backward
     reduce-scatters the gradients into the shards, averaged over ranks like DDP. Outputs equal the
@@ -199,8 +200,9 @@ class FullyShardedModule(nn.Module):
             transformer block and ``""`` (the model: whatever no block claims). A unit holds every
             parameter below it that no deeper unit in the list claims; modules owning parameters
             below no listed path stay units of their own. ``None`` (default): one unit per module
-            that owns parameters. Each unit costs 3 blocking collectives per forward + backward
-            (all-gather, all-gather again for the backward, reduce-scatter): fewer, larger units
+            that owns parameters. Each unit costs up to 3 blocking collectives per forward +
+            backward (all-gather, all-gather again for the backward — skipped when the backward
+            does not read the weights, as an embedding's — and reduce-scatter): fewer, larger units
             mean fewer waits, while more full parameters exist at once (a whole block's).
 
     Example::
