@@ -10,9 +10,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import gpucourse as gc
-import gpucourse.sharding.collectives as collectives
+from gpucourse.sharding import collectives
 
-CFG = dict(vocab_size=16, seq_len=8, num_layers=2, hidden=8, num_heads=2)
+CFG = {"vocab_size": 16, "seq_len": 8, "num_layers": 2, "hidden": 8, "num_heads": 2}
 UNITS = ["", "blocks.0", "blocks.1"]          # the root unit (embeddings, final norm) and each block
 
 
