@@ -18,8 +18,8 @@ sequence parallelism), context parallel (``--cp``, chapter 11's ``gc.ring_attent
 zig-zag layout: each cp rank holds two chunks of every sequence), expert parallel (``--ep`` with
 ``--experts E --top-k k``: every feed-forward is a ``gc.MoE`` whose experts ``gc.expert_parallel``
 spreads over the ep group), pipeline parallel (``--pp``, chapter 07's ``gc.pipeline_step`` with 1F1B,
-combined with dp and tp — a tp × pp stage is chapter 10's ``gc.PipelineStage3D``; stages cut by
-``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
+combined with any of the other axes — a tp × pp stage is chapter 10's ``gc.PipelineStage3D``; stages
+cut by ``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
 accumulation without pp) and ``--recompute none|selective|full`` (selective: each attention core
 checkpointed; full: each block). ``--zero 3`` is
 chapter 08's ``gc.FullyShardedModule`` over dp, one unit per block (with dp and micro-batches only).
@@ -28,8 +28,9 @@ Mesh order (Megatron-LM's): tp innermost (neighbouring ranks), then cp, ep, dp, 
 are data-parallel ranks for the dense parameters — their gradients are summed over dp·cp·ep; an
 expert's over dp·cp (the ranks holding a copy of it); both divided by dp·cp·ep, the number of
 pieces the global batch was cut into; with ``--zero 1|2`` the dense states are sharded over dp·cp·ep
-and each expert's over dp·cp. Not yet: ZeRO-3 with other axes, ``--pp`` with ``--cp``/``--ep``
-and ``--experts`` with ``--tp`` (the flags exist and say so).
+and each expert's over dp·cp. Not yet: ZeRO-3 with other axes, ZeRO-2 with ``--pp`` (its backward
+frees each gradient before the stages sum the tied embedding's) and ``--experts`` with ``--tp`` (the
+flags exist and say so).
 """
 
 from __future__ import annotations
@@ -82,11 +83,14 @@ def parse(argv=None):
     unsupported = [what for what, bad in (
         ("--zero 3 with --tp/--pp/--cp/--ep or --recompute",
          a.zero == 3 and (a.tp * a.pp * a.cp * a.ep > 1 or a.recompute != "none")),
-        ("--pp with --cp or --ep", a.pp > 1 and a.cp * a.ep > 1),
-        ("--experts with --tp", a.experts > 1 and a.tp > 1)) if bad]
+        ("--experts with --tp", a.experts > 1 and a.tp > 1),
+        # ZeRO-2 reduce-scatters (and frees) each gradient in the backward, before the first and last
+        # stages can sum the tied embedding's two gradients
+        ("--zero 2 with --pp", a.zero == 2 and a.pp > 1)) if bad]
     if unsupported:
         p.error(f"{', '.join(unsupported)}: not supported by this version of train_nd.py "
-                "(supported: dp, zero 0-2 (3 with dp only), tp, cp, ep, pp × dp × tp, micro-batches, "
+                "(supported: dp, zero 0-2 (3 with dp only, 2 without pp), tp, cp, ep, pp with any of them, "
+                "micro-batches, "
                 "recompute none|selective|full)")
     if a.ep > 1 and a.experts % a.ep:
         p.error(f"--ep {a.ep} must divide --experts {a.experts}")
@@ -154,11 +158,35 @@ class AllReduceOptimizer:
         self.optim.zero_grad(set_to_none=set_to_none)
 
 
-MESH = ("tp", "cp", "ep", "dp")          # innermost first (pp, outermost, has its own worker)
+MESH = ("tp", "cp", "ep", "dp", "pp")    # innermost first
+
+
+def make_optimizer(a, model, data_group, expert_group):
+    """The optimizer of ``model``'s parameters, with the gradient reduction of the data-parallel ranks:
+    dense parameters over ``data_group`` (dp·cp·ep), experts over ``expert_group`` (dp·cp); both
+    averaged over the dp·cp·ep pieces of the global batch (ZeRO-1/2 shards each set over its group)."""
+    replicas = a.dp * a.cp * a.ep
+    experts = {id(p) for m in model.modules() if isinstance(m, gc.ExpertParallelMoE) for p in m.experts.parameters()}
+    dense = [p for p in model.parameters() if id(p) not in experts]
+    expert = [p for p in model.parameters() if id(p) in experts]
+    make = OPTIMIZERS[a.optimizer]
+    if a.zero and replicas > 1 and expert:
+        # experts: summed over the dp·cp ranks holding a copy, but the batch was cut into dp·cp·ep
+        # pieces — ZeroOptimizer averages over its group, so each expert gradient first gets 1/ep
+        for p in expert:
+            p.register_hook(lambda g: g / a.ep)
+        return Optimizers(gc.ZeroOptimizer(dense, make, stage=a.zero, group=data_group, lr=a.lr),
+                          gc.ZeroOptimizer(expert, make, stage=a.zero, group=expert_group, lr=a.lr))
+    if a.zero and replicas > 1:
+        return gc.ZeroOptimizer(list(model.parameters()), make, stage=a.zero, group=data_group, lr=a.lr)
+    if replicas > 1:
+        return AllReduceOptimizer([(dense, data_group), (expert, expert_group)], make(model.parameters(), lr=a.lr),
+                                  replicas)
+    return make(model.parameters(), lr=a.lr)
 
 
 def coordinates(rank, a):
-    """``{"tp": …, "cp": …, "ep": …, "dp": …}`` of ``rank`` in the mesh (tp innermost)."""
+    """``{"tp": …, "cp": …, "ep": …, "dp": …, "pp": …}`` of ``rank`` in the mesh (tp innermost)."""
     out = {}
     for axis in MESH:
         out[axis], rank = rank % getattr(a, axis), rank // getattr(a, axis)
@@ -318,43 +346,51 @@ def _state_bytes(tensors):
 
 
 def pipeline_worker(rank, world_size, a):
-    """(tp ×) dp × pp (pp outermost, tp innermost): 1F1B over ``a.microbatches``, gradients reduced over
-    dp after the step. With tp, the stage is chapter 10's ``gc.PipelineStage3D`` of the tensor-parallel
-    model (every rank splits the whole model over its tp group, then keeps its stage's blocks), and the loss is the vocabulary-parallel cross-entropy."""
+    """pp (outermost) × dp × ep × cp × tp (innermost): 1F1B over ``a.microbatches``, gradients reduced
+    over the stage's data-parallel ranks after the step. With tp, the stage is chapter 10's
+    ``gc.PipelineStage3D`` of the tensor-parallel model (every rank splits the whole model over its tp
+    group, then keeps its stage's blocks), and the loss is the vocabulary-parallel cross-entropy; with
+    cp, every stage's attention is ring attention over its cp group on the zig-zag shard of each
+    sequence; with ep, every stage's feed-forwards are expert-parallel over its ep group."""
     torch.set_num_threads(a.threads)
-    per = a.dp * a.tp
-    pp_rank, dp_rank, tp_rank = rank // per, rank // a.tp % a.dp, rank % a.tp
-    dp_groups = {(p, t): dist.new_group([p * per + d * a.tp + t for d in range(a.dp)])
-                 for p in range(a.pp) for t in range(a.tp)}
-    tp_groups = {(p, d): dist.new_group([p * per + d * a.tp + t for t in range(a.tp)])
-                 for p in range(a.pp) for d in range(a.dp)}
-    emb_groups = {(d, t): dist.new_group([d * a.tp + t, (a.pp - 1) * per + d * a.tp + t])
-                  for d in range(a.dp) for t in range(a.tp)}                 # first + last stage: tied copies
-    dp_group, tp_group = dp_groups[pp_rank, tp_rank], tp_groups[pp_rank, dp_rank]
+    at = coordinates(rank, a)
+    pp_rank, tp_rank = at["pp"], at["tp"]
+    per = world_size // a.pp                                            # ranks per stage
+    inner = rank % per                                                  # my place inside the stage
+    tp_group = mesh_group(rank, world_size, a, ("tp",))
+    cp_group = mesh_group(rank, world_size, a, ("cp",))
+    ep_group = mesh_group(rank, world_size, a, ("ep",))
+    data_group = mesh_group(rank, world_size, a, ("cp", "ep", "dp"))  # this stage's copies of the dense params
+    expert_group = mesh_group(rank, world_size, a, ("cp", "dp"))      # this stage's copies of my experts
+    emb_groups = [dist.new_group([i, (a.pp - 1) * per + i]) for i in range(per)]   # first + last stage: tied copies
+    model = build_model(a)
+    if a.ep > 1:
+        for block in model.blocks:
+            block.mlp.moe = gc.expert_parallel(block.mlp.moe, ep_group)
     if a.tp > 1:
-        tp_model = gc.tensor_parallel_gpt(build_model(a), tp_group)
+        model = gc.tensor_parallel_gpt(model, tp_group)
+    if a.cp > 1:
+        context_parallel(model, cp_group, at["cp"], a.cp, a.seq)
+    if a.tp > 1:
         counts = gc.stage_layers(a.layers, a.pp)
         blocks = list(range(sum(counts[:pp_rank]), sum(counts[:pp_rank + 1])))
-        stage = gc.PipelineStage3D(tp_model, blocks, first=pp_rank == 0, last=pp_rank == a.pp - 1)
+        stage = gc.PipelineStage3D(model, blocks, first=pp_rank == 0, last=pp_rank == a.pp - 1)
     else:
-        stage = Stage(build_model(a), pp_rank, a.pp)
+        stage = Stage(model, pp_rank, a.pp)
     if a.recompute == "full":
         checkpoint_blocks(stage)
     elif a.recompute == "selective":
         recompute_attention_cores(stage)
     params = list(stage.parameters())
-    if a.zero and a.dp > 1:
-        opt = gc.ZeroOptimizer(params, OPTIMIZERS[a.optimizer], stage=a.zero, group=dp_group, lr=a.lr)
-    elif a.dp > 1:
-        opt = AllReduceOptimizer([(params, dp_group)], OPTIMIZERS[a.optimizer](params, lr=a.lr), a.dp)
-    else:
-        opt = OPTIMIZERS[a.optimizer](params, lr=a.lr)
-    comm = gc.PipelineComm(ranks=[p * per + dp_rank * a.tp + tp_rank for p in range(a.pp)])
+    opt = make_optimizer(a, stage, data_group, expert_group)
+    comm = gc.PipelineComm(ranks=[p * per + inner for p in range(a.pp)])
     schedule = gc.make_schedule("1f1b", a.pp, a.microbatches)
-    local = a.global_batch // a.dp
-    g = torch.Generator().manual_seed(1000 + dp_rank)                   # the batches worker() draws
+    local = a.global_batch // (a.dp * a.ep)
+    g = torch.Generator().manual_seed(1000 + at["dp"] * a.ep + at["ep"])  # the batches worker() draws
     batches = [torch.randint(0, a.vocab, (local, a.seq), generator=g) for _ in range(2)]
-    shape = (a.seq, a.hidden)
+    if a.cp > 1:                                                        # this cp rank's two chunks
+        batches = [gc.zigzag_split(b, at["cp"], a.cp, dim=1) for b in batches]
+    shape = (a.seq // a.cp, a.hidden)
     ends = pp_rank in (0, a.pp - 1)
     tied = (stage.tok_emb.weight if pp_rank == 0 or a.tp > 1 else stage.head) if ends else None
 
@@ -372,7 +408,7 @@ def pipeline_worker(rank, world_size, a):
                                inputs=x if comm.is_first else None, targets=x if comm.is_last else None,
                                loss_fn=loss_fn, check_neighbours=step == 0, measure_activations=step == 0)
         if tied is not None:                            # lookup (first stage) + head (last stage) gradients
-            dist.all_reduce(tied.grad, group=emb_groups[dp_rank, tp_rank])
+            dist.all_reduce(tied.grad, group=emb_groups[inner])
         opt.step()
         if step == 0:
             peak = out["peak_activation_bytes"]
@@ -385,7 +421,7 @@ def pipeline_worker(rank, world_size, a):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if step:
             times.append(t.item())
-        total = torch.tensor([out["loss"] / a.dp if comm.is_last and tp_rank == 0 else 0.0])
+        total = torch.tensor([out["loss"] / (a.dp * a.cp * a.ep) if comm.is_last and tp_rank == 0 else 0.0])
         dist.all_reduce(total)                                          # the global batch's mean loss
         losses.append(total.item())
     comm.wait()
@@ -418,9 +454,6 @@ def worker(rank, world_size, a):
         checkpoint_blocks(model)
     elif a.recompute == "selective":
         recompute_attention_cores(model)
-    experts = {id(p) for m in model.modules() if isinstance(m, gc.ExpertParallelMoE) for p in m.experts.parameters()}
-    dense = [p for p in model.parameters() if id(p) not in experts]
-    expert = [p for p in model.parameters() if id(p) in experts]
     loss_of = model.loss
     if a.zero == 3 and replicas > 1:
         # ZeRO-3, wrapped as FSDP is: one unit per block and a root unit for the rest (the embeddings,
@@ -432,20 +465,8 @@ def worker(rank, world_size, a):
         def loss_of(idx, targets):        # TinyGPT.loss, called through the sharded wrapper
             return torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), targets.flatten())
         opt = OPTIMIZERS[a.optimizer](model.parameters(), lr=a.lr)
-    elif a.zero and replicas > 1 and expert:
-        # experts: summed over the dp·cp ranks holding a copy, but the batch was cut into dp·cp·ep
-        # pieces — ZeroOptimizer averages over its group, so each expert gradient first gets 1/ep
-        for p in expert:
-            p.register_hook(lambda g: g / a.ep)
-        opt = Optimizers(gc.ZeroOptimizer(dense, OPTIMIZERS[a.optimizer], stage=a.zero, group=data_group, lr=a.lr),
-                         gc.ZeroOptimizer(expert, OPTIMIZERS[a.optimizer], stage=a.zero, group=expert_group, lr=a.lr))
-    elif a.zero and replicas > 1:
-        opt = gc.ZeroOptimizer(model.parameters(), OPTIMIZERS[a.optimizer], stage=a.zero, group=data_group, lr=a.lr)
-    elif replicas > 1:
-        opt = AllReduceOptimizer([(dense, data_group), (expert, expert_group)],
-                                 OPTIMIZERS[a.optimizer](model.parameters(), lr=a.lr), replicas)
     else:
-        opt = OPTIMIZERS[a.optimizer](model.parameters(), lr=a.lr)
+        opt = make_optimizer(a, model, data_group, expert_group)
     data_rank = at["dp"] * a.ep + at["ep"]                                # tp and cp ranks share their batch
     micro = a.global_batch // (a.dp * a.ep) // a.microbatches
     g = torch.Generator().manual_seed(1000 + data_rank)
