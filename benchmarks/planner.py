@@ -1,6 +1,6 @@
 """Chapter 12's planner against measured runs of ``scripts/train_nd.py`` on this machine.
 
-* **Memory** — 8 processes, 19 configurations of ``gc.TinyGPT`` (fp32, AdamW): for every rank and
+* **Memory** — 8 processes, 20 configurations of ``gc.TinyGPT`` (fp32, AdamW): for every rank and
   every category (params, grads, optimizer state, saved activations), ``gc.predict``'s bytes per
   device within 10% of the bytes ``gc.measure_step_memory`` counts on that rank (with experts, the
   saved activations averaged over the ranks of a pipeline stage: the planner assumes a balanced router).
@@ -21,10 +21,10 @@ ZeRO-3 is chapter 08's ``gc.FullyShardedModule`` wrapped as FSDP is, one unit pe
 collectives per step here; one unit per layer made 56 and ran 28-33% slower than dp2, which the
 planner, counting bytes, did not predict).
 
-Covers dp, ZeRO-0/1/2/3 (3 with dp only), tp, cp (ring attention, zig-zag), ep (a TinyGPT whose
+Covers dp, ZeRO-0/1/2/3 (3 with dp and cp), tp, cp (ring attention, zig-zag), ep (a TinyGPT whose
 feed-forwards are ``gc.MoE`` layers), pp (1F1B, with dp and tp), micro-batches, selective and full
 recomputation, ZeRO-1/2 with experts, pp with cp and with ep — what ``train_nd.py`` runs in this
-version; ZeRO-3 with other axes and experts with tp are not in it yet.
+version; ZeRO-3 with tp, pp or ep and experts with tp are not in it yet.
 """
 
 import argparse
@@ -60,6 +60,7 @@ MEMORY = [  # (train_nd flags, ParallelConfig)
     ("--dp 2 --tp 2 --pp 2 --microbatches 2 --recompute full", dict(dp=2, tp=2, pp=2, microbatches=2, recompute="full")),
     ("--dp 2 --tp 2 --cp 2", dict(dp=2, tp=2, cp=2)),
     ("--dp 4 --cp 2 --zero 1", dict(dp=4, cp=2, zero=1)),
+    ("--dp 4 --cp 2 --zero 3", dict(dp=4, cp=2, zero=3)),
     ("--dp 2 --ep 4 --experts 4 --top-k 2", dict(dp=2, ep=4)),
     ("--dp 4 --ep 2 --zero 1 --experts 4 --top-k 2", dict(dp=4, ep=2, zero=1)),
     ("--dp 2 --pp 2 --cp 2 --microbatches 2", dict(dp=2, pp=2, cp=2, microbatches=2)),

@@ -22,15 +22,15 @@ combined with any of the other axes — a tp × pp stage is chapter 10's ``gc.Pi
 cut by ``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
 accumulation without pp) and ``--recompute none|selective|full`` (selective: each attention core
 checkpointed; full: each block). ``--zero 3`` is
-chapter 08's ``gc.FullyShardedModule`` over dp, one unit per block (with dp and micro-batches only).
+chapter 08's ``gc.FullyShardedModule`` over dp·cp, one unit per block (with dp, cp and micro-batches only).
 
 Mesh order (Megatron-LM's): tp innermost (neighbouring ranks), then cp, ep, dp, pp. cp and ep ranks
 are data-parallel ranks for the dense parameters — their gradients are summed over dp·cp·ep; an
 expert's over dp·cp (the ranks holding a copy of it); both divided by dp·cp·ep, the number of
 pieces the global batch was cut into; with ``--zero 1|2`` the dense states are sharded over dp·cp·ep
-and each expert's over dp·cp. Not yet: ZeRO-3 with other axes, ZeRO-2 with ``--pp`` (its backward
-frees each gradient before the stages sum the tied embedding's) and ``--experts`` with ``--tp`` (the
-flags exist and say so).
+and each expert's over dp·cp. Not yet: ZeRO-3 with tp, pp, ep or recomputation, ZeRO-2 with
+``--pp`` (its backward frees each gradient before the stages sum the tied embedding's) and
+``--experts`` with ``--tp`` (the flags exist and say so).
 """
 
 from __future__ import annotations
@@ -81,15 +81,15 @@ def parse(argv=None):
     a = p.parse_args(argv)
     world = a.dp * a.tp * a.pp * a.cp * a.ep
     unsupported = [what for what, bad in (
-        ("--zero 3 with --tp/--pp/--cp/--ep or --recompute",
-         a.zero == 3 and (a.tp * a.pp * a.cp * a.ep > 1 or a.recompute != "none")),
+        ("--zero 3 with --tp/--pp/--ep or --recompute",
+         a.zero == 3 and (a.tp * a.pp * a.ep > 1 or a.recompute != "none")),
         ("--experts with --tp", a.experts > 1 and a.tp > 1),
         # ZeRO-2 reduce-scatters (and frees) each gradient in the backward, before the first and last
         # stages can sum the tied embedding's two gradients
         ("--zero 2 with --pp", a.zero == 2 and a.pp > 1)) if bad]
     if unsupported:
         p.error(f"{', '.join(unsupported)}: not supported by this version of train_nd.py "
-                "(supported: dp, zero 0-2 (3 with dp only, 2 without pp), tp, cp, ep, pp with any of them, "
+                "(supported: dp, zero 0-2 (3 with dp and cp only, 2 without pp), tp, cp, ep, pp with any of them, "
                 "micro-batches, "
                 "recompute none|selective|full)")
     if a.ep > 1 and a.experts % a.ep:

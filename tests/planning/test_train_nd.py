@@ -46,6 +46,7 @@ def reference():
     ("--pp 2 --tp 2 --microbatches 2 --recompute full", dict(pp=2, tp=2, microbatches=2, recompute="full"),
      "pipeline"),
     ("--dp 2 --zero 3 --microbatches 2", dict(dp=2, zero=3, microbatches=2), "dp"),     # tied head sharded
+    ("--dp 2 --cp 2 --zero 3 --microbatches 2", dict(dp=2, cp=2, zero=3, microbatches=2), "dp"),  # over dp·cp
     ("--pp 2 --cp 2 --microbatches 2", dict(pp=2, cp=2, microbatches=2), "pipeline"),     # ring attention per stage
     ("--pp 2 --ep 2 --microbatches 2 " + " ".join(MOE), dict(pp=2, ep=2, microbatches=2), "pipeline_moe"),
 ])
