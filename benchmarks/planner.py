@@ -1,6 +1,6 @@
 """Chapter 12's planner against measured runs of ``scripts/train_nd.py`` on this machine.
 
-* **Memory** — 8 processes, 20 configurations of ``gc.TinyGPT`` (fp32, AdamW): for every rank and
+* **Memory** — 8 processes, 21 configurations of ``gc.TinyGPT`` (fp32, AdamW): for every rank and
   every category (params, grads, optimizer state, saved activations), ``gc.predict``'s bytes per
   device within 10% of the bytes ``gc.measure_step_memory`` counts on that rank (with experts, the
   saved activations averaged over the ranks of a pipeline stage: the planner assumes a balanced router).
@@ -21,7 +21,7 @@ ZeRO-3 is chapter 08's ``gc.FullyShardedModule`` wrapped as FSDP is, one unit pe
 collectives per step here; one unit per layer made 56 and ran 28-33% slower than dp2, which the
 planner, counting bytes, did not predict).
 
-Covers dp, ZeRO-0/1/2/3 (3 with dp and cp), tp, cp (ring attention, zig-zag), ep (a TinyGPT whose
+Covers dp, ZeRO-0/1/2/3 (3 with dp, cp and recomputation), tp, cp (ring attention, zig-zag), ep (a TinyGPT whose
 feed-forwards are ``gc.MoE`` layers), pp (1F1B, with dp and tp), micro-batches, selective and full
 recomputation, ZeRO-1/2 with experts, pp with cp and with ep — what ``train_nd.py`` runs in this
 version; ZeRO-3 with tp, pp or ep and experts with tp are not in it yet.
@@ -49,6 +49,7 @@ MEMORY = [  # (train_nd flags, ParallelConfig)
     ("--dp 8 --zero 1", dict(dp=8, zero=1)),
     ("--dp 8 --zero 2 --microbatches 2", dict(dp=8, zero=2, microbatches=2)),
     ("--dp 8 --zero 3", dict(dp=8, zero=3)),
+    ("--dp 8 --zero 3 --recompute full --microbatches 2", dict(dp=8, zero=3, recompute="full", microbatches=2)),
     ("--dp 4 --tp 2 --zero 1", dict(dp=4, tp=2, zero=1)),
     ("--dp 2 --tp 4", dict(dp=2, tp=4)),
     ("--dp 4 --tp 2 --microbatches 2 --recompute full", dict(dp=4, tp=2, microbatches=2, recompute="full")),

@@ -22,13 +22,14 @@ combined with any of the other axes — a tp × pp stage is chapter 10's ``gc.Pi
 cut by ``gc.stage_layers``), micro-batches (pipeline chunks, or gradient
 accumulation without pp) and ``--recompute none|selective|full`` (selective: each attention core
 checkpointed; full: each block). ``--zero 3`` is
-chapter 08's ``gc.FullyShardedModule`` over dp·cp, one unit per block (with dp, cp and micro-batches only).
+chapter 08's ``gc.FullyShardedModule`` over dp·cp, one unit per block (with dp, cp, micro-batches and
+recomputation).
 
 Mesh order (Megatron-LM's): tp innermost (neighbouring ranks), then cp, ep, dp, pp. cp and ep ranks
 are data-parallel ranks for the dense parameters — their gradients are summed over dp·cp·ep; an
 expert's over dp·cp (the ranks holding a copy of it); both divided by dp·cp·ep, the number of
 pieces the global batch was cut into; with ``--zero 1|2`` the dense states are sharded over dp·cp·ep
-and each expert's over dp·cp. Not yet: ZeRO-3 with tp, pp, ep or recomputation, ZeRO-2 with
+and each expert's over dp·cp. Not yet: ZeRO-3 with tp, pp or ep, ZeRO-2 with
 ``--pp`` (its backward frees each gradient before the stages sum the tied embedding's) and
 ``--experts`` with ``--tp`` (the flags exist and say so).
 """
@@ -81,8 +82,7 @@ def parse(argv=None):
     a = p.parse_args(argv)
     world = a.dp * a.tp * a.pp * a.cp * a.ep
     unsupported = [what for what, bad in (
-        ("--zero 3 with --tp/--pp/--ep or --recompute",
-         a.zero == 3 and (a.tp * a.pp * a.ep > 1 or a.recompute != "none")),
+        ("--zero 3 with --tp/--pp/--ep", a.zero == 3 and a.tp * a.pp * a.ep > 1),
         ("--experts with --tp", a.experts > 1 and a.tp > 1),
         # ZeRO-2 reduce-scatters (and frees) each gradient in the backward, before the first and last
         # stages can sum the tied embedding's two gradients
@@ -313,9 +313,21 @@ def checkpoint_blocks(model):
         inner = model.run_block
         model.run_block = lambda b, x: checkpoint(inner, b, x, use_reentrant=False)
         return
-    for block in model.blocks:                                         # TinyGPT or a Stage: blocks are called
-        inner = block.forward
-        block.forward = lambda x, inner=inner: checkpoint(inner, x, use_reentrant=False)
+    for i, block in enumerate(model.blocks):                           # TinyGPT or a Stage: blocks are called
+        model.blocks[i] = Checkpointed(block)
+
+
+class Checkpointed(torch.nn.Module):
+    """``block`` under full recomputation. The recomputation calls ``block`` itself, so hooks on it
+    run again — ZeRO-3 gathers the block's parameters a second time, as FSDP does with activation
+    checkpointing (its unit is ``blocks.i.block``)."""
+
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
 
 
 class Stage(torch.nn.Module):
@@ -459,8 +471,8 @@ def worker(rank, world_size, a):
         # ZeRO-3, wrapped as FSDP is: one unit per block and a root unit for the rest (the embeddings,
         # kept gathered through the forward for the tied head, and the final norm) — 3 collectives
         # per unit and micro-batch, the count chapter 12's planner assumes
-        model = gc.FullyShardedModule(model, group=data_group,
-                                      units=["", *(f"blocks.{i}" for i in range(len(model.blocks)))])
+        model = gc.FullyShardedModule(model, group=data_group, units=["", *(
+            f"blocks.{i}.block" if isinstance(b, Checkpointed) else f"blocks.{i}" for i, b in enumerate(model.blocks))])
 
         def loss_of(idx, targets):        # TinyGPT.loss, called through the sharded wrapper
             return torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), targets.flatten())

@@ -47,6 +47,8 @@ def reference():
      "pipeline"),
     ("--dp 2 --zero 3 --microbatches 2", dict(dp=2, zero=3, microbatches=2), "dp"),     # tied head sharded
     ("--dp 2 --cp 2 --zero 3 --microbatches 2", dict(dp=2, cp=2, zero=3, microbatches=2), "dp"),  # over dp·cp
+    ("--dp 2 --zero 3 --recompute full --microbatches 2", dict(dp=2, zero=3, microbatches=2, recompute="full"),
+     "dp"),                                                            # FSDP + activation checkpointing
     ("--pp 2 --cp 2 --microbatches 2", dict(pp=2, cp=2, microbatches=2), "pipeline"),     # ring attention per stage
     ("--pp 2 --ep 2 --microbatches 2 " + " ".join(MOE), dict(pp=2, ep=2, microbatches=2), "pipeline_moe"),
 ])
@@ -78,7 +80,7 @@ def test_counted_bytes_match_predict(flags, cfg, same_as, request):
 
 def test_axes_not_yet_built_are_refused(capsys):
     for flags in ("--pp 2 --dp 2 --zero 3", "--dp 2 --tp 2 --zero 3", "--pp 2 --dp 2 --zero 2",
-                  "--dp 2 --zero 3 --recompute full",
+                  "--dp 2 --ep 2 --zero 3 " + " ".join(MOE),
                   "--tp 2 --experts 2"):
         with pytest.raises(SystemExit):
             train_nd.parse(SMALL + flags.split())
