@@ -209,6 +209,27 @@ def mesh_group(rank, world_size, a, varying):
     return mine
 
 
+def mesh_groups(rank, world_size, a):
+    """This rank's groups: ``tp``, ``cp``, ``ep``, ``data`` (dp·cp·ep: the ranks holding a copy of the
+    dense parameters) and ``expert`` (dp·cp: the ranks holding a copy of my experts) — inside one
+    pipeline stage. Every rank creates every group, in the same order."""
+    return {name: mesh_group(rank, world_size, a, axes) for name, axes in (
+        ("tp", ("tp",)), ("cp", ("cp",)), ("ep", ("ep",)), ("data", ("cp", "ep", "dp")), ("expert", ("cp", "dp")))}
+
+
+def split_model(a, groups, at):
+    """The whole ``gc.TinyGPT`` (seed 0), split: experts over ep, layers over tp, sequences over cp."""
+    model = build_model(a)
+    if a.ep > 1:
+        for block in model.blocks:
+            block.mlp.moe = gc.expert_parallel(block.mlp.moe, groups["ep"])
+    if a.tp > 1:
+        model = gc.tensor_parallel_gpt(model, groups["tp"])
+    if a.cp > 1:
+        context_parallel(model, groups["cp"], at["cp"], a.cp, a.seq)
+    return model
+
+
 class MoEFeedForward(torch.nn.Module):
     """A block's feed-forward as a mixture of experts: ``(B, T, C)`` → tokens ``(B·T, C)`` → MoE → back."""
 
@@ -369,20 +390,10 @@ def pipeline_worker(rank, world_size, a):
     pp_rank, tp_rank = at["pp"], at["tp"]
     per = world_size // a.pp                                            # ranks per stage
     inner = rank % per                                                  # my place inside the stage
-    tp_group = mesh_group(rank, world_size, a, ("tp",))
-    cp_group = mesh_group(rank, world_size, a, ("cp",))
-    ep_group = mesh_group(rank, world_size, a, ("ep",))
-    data_group = mesh_group(rank, world_size, a, ("cp", "ep", "dp"))  # this stage's copies of the dense params
-    expert_group = mesh_group(rank, world_size, a, ("cp", "dp"))      # this stage's copies of my experts
+    groups = mesh_groups(rank, world_size, a)                           # within this stage
+    tp_group, data_group, expert_group = groups["tp"], groups["data"], groups["expert"]
     emb_groups = [dist.new_group([i, (a.pp - 1) * per + i]) for i in range(per)]   # first + last stage: tied copies
-    model = build_model(a)
-    if a.ep > 1:
-        for block in model.blocks:
-            block.mlp.moe = gc.expert_parallel(block.mlp.moe, ep_group)
-    if a.tp > 1:
-        model = gc.tensor_parallel_gpt(model, tp_group)
-    if a.cp > 1:
-        context_parallel(model, cp_group, at["cp"], a.cp, a.seq)
+    model = split_model(a, groups, at)
     if a.tp > 1:
         counts = gc.stage_layers(a.layers, a.pp)
         blocks = list(range(sum(counts[:pp_rank]), sum(counts[:pp_rank + 1])))
@@ -448,20 +459,10 @@ def worker(rank, world_size, a):
         return pipeline_worker(rank, world_size, a)
     torch.set_num_threads(a.threads)
     at = coordinates(rank, a)
-    tp_group = mesh_group(rank, world_size, a, ("tp",))
-    cp_group = mesh_group(rank, world_size, a, ("cp",))
-    ep_group = mesh_group(rank, world_size, a, ("ep",))
-    data_group = mesh_group(rank, world_size, a, ("cp", "ep", "dp"))     # holds a copy of the dense params
-    expert_group = mesh_group(rank, world_size, a, ("cp", "dp"))         # holds a copy of my experts
+    groups = mesh_groups(rank, world_size, a)
+    data_group, expert_group = groups["data"], groups["expert"]
     replicas = a.dp * a.cp * a.ep                                         # pieces of the global batch
-    model = build_model(a)
-    if a.ep > 1:
-        for block in model.blocks:
-            block.mlp.moe = gc.expert_parallel(block.mlp.moe, ep_group)
-    if a.tp > 1:
-        model = gc.tensor_parallel_gpt(model, tp_group)
-    if a.cp > 1:
-        context_parallel(model, cp_group, at["cp"], a.cp, a.seq)
+    model = split_model(a, groups, at)
     if a.recompute == "full":
         checkpoint_blocks(model)
     elif a.recompute == "selective":
