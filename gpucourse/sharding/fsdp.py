@@ -40,14 +40,13 @@ __all__ = ["FullyShardedModule"]
 
 
 class _Unit:
-    """One layer's own parameters: names, shapes, where they sit in its flat buffer, its shard."""
+    """One unit's parameters (``params``: ``[(name relative to module, parameter), …]``): names,
+    shapes, where they sit in its flat buffer, its shard."""
 
-    def __init__(self, path: str, module: nn.Module, group, rank: int, world_size: int, root_rank: int,
-                 params: list | None = None):
+    def __init__(self, path: str, module: nn.Module, params: list, group, rank: int, world_size: int,
+                 root_rank: int):
         self.path, self.module, self.group = path, module, group
         self.rank, self.world_size = rank, world_size
-        # (name relative to ``module``, parameter): its own parameters, or those a wrapped unit claims
-        params = list(module.named_parameters(recurse=False)) if params is None else params
         self.names = [n for n, _ in params]
         self.owners = [_owner(module, n) for n in self.names]        # (module holding it, attribute)
         self.shapes = [p.shape for _, p in params]
@@ -268,7 +267,7 @@ class FullyShardedModule(nn.Module):
                              [path for path, _, _ in owners]), group)
         self.module, self.group = module, group
         self.rank, self.world_size = rank, world_size
-        self._units = [_Unit(path, m, group, rank, world_size, global_rank(0), params) for path, m, params in owners]
+        self._units = [_Unit(path, m, params, group, rank, world_size, global_rank(0)) for path, m, params in owners]
         self.shards = nn.ParameterList([u.shard for u in self._units])   # what parameters() yields
         self._gathered: dict[int, _Unit] = {}       # storage pointer of a gathered buffer -> its unit
         # the units gathered for the whole forward (FSDP's root unit), the others around their layer
