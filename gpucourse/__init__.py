@@ -104,9 +104,10 @@ _PARTS = {
         exposed inflight_microbatches korthikanti_layer_bytes layer_activation_bytes mfu
         model_state_bytes outside_activation_bytes plan plan_widget plot_plan pp_step_comm_time predict
         split_problem stage_layers stage_params step_flops tp_step_comm_time training_flops_per_token""",
-    # --- grading/: self-check an exercises notebook from one of its cells -------------------------
+    # --- grading/: check cells (judged outside the kernel), self-check a notebook ------------------
     "grading": """
-        check check_this_notebook""",
+        CheckFailed ForbiddenCall check check_exercise check_hidden check_this_notebook expect
+        expect_close expect_equal set_check_seed""",
 }
 
 #: name → the part (sub-package) it comes from

@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exercises", default="exercises")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if exercises/ is out of date")
+    p.add_argument("--chapter", action="append", metavar="NN",
+                   help="only this chapter (repeatable); default: every chapter")
 
     p = sub.add_parser("export-nbgrader", help="write an nbgrader course folder (source/<assignment>/)")
     p.add_argument("dir", help="nbgrader course folder to write into")
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     from .grading.exercises import generate_exercises
 
     try:
-        changed = generate_exercises(args.solutions, args.exercises, check_only=args.check)
+        changed = generate_exercises(args.solutions, args.exercises, check_only=args.check,
+                                     chapters=args.chapter)
     except FileNotFoundError as e:
         print(f"gpucourse exercises: {e}", file=sys.stderr)
         return 2

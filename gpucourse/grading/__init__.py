@@ -1,9 +1,13 @@
-"""Exercises and grading: ``solutions/`` → ``exercises/`` generation, self-check and class grading.
+"""Exercises and grading: ``solutions/`` → ``exercises/`` generation, checks, self-check and class grading.
 
 - ``exercises``  the generator: solution markers become stubs, check cells carry id/points/hash
+- ``harness``    what a check cell calls (``gc.check_exercise``): runs the learner's code on the
+                 grader's inputs and sends the values out; the ``compare`` vocabulary
+- ``wire``       values as data (JSON; tensors from raw bytes): nothing a kernel sends can run code
+- ``judge``      the process that decides: runs the course's solutions on the same inputs, compares
 - ``restore``    match a submission to its release; put the course's check cells back
-- ``engine``     run a notebook in a fresh kernel; a check passes only on an ``ok`` reply
-- ``guard``      (kernel side) detects rebinding of what checks use; caps output
+- ``engine``     run a notebook in a fresh kernel; prime each check cell with its inputs, collect
+                 its values
 - ``sandbox``    temp copy, own session, rlimits, bwrap, whole process tree killed
 - ``gradebook``  CSV / JSON / per-student table / feedback files
 - ``grade``      ``python -m gpucourse grade``: all of the above for a class, N at a time
@@ -11,11 +15,31 @@
                  one-notebook self-check on the same engine
 - ``nbgrader``   ``python -m gpucourse export-nbgrader``
 
-This package imports no other part of ``gpucourse`` (and not torch): the grader's sandbox
-shepherd loads it on its own.
+The grader's own process imports neither torch nor any other part of ``gpucourse``: only the
+judge (the course's answers) and the students' kernels load torch. Names are loaded on first use.
 """
 
-from .check import check, check_this_notebook, run_notebook
-from .exercises import generate_exercises
+import importlib as _importlib
 
-__all__ = ["check", "check_this_notebook", "generate_exercises", "run_notebook"]
+_WHERE = {
+    "check": "check", "check_this_notebook": "check", "run_notebook": "check",
+    "generate_exercises": "exercises",
+    "CheckFailed": "harness", "ForbiddenCall": "harness", "check_exercise": "harness",
+    "check_hidden": "harness", "expect": "harness", "expect_close": "harness", "expect_equal": "harness",
+    "set_check_seed": "harness",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -4,10 +4,12 @@ Learners run it on their own exercises notebook to self-check — from a termina
 (``make check NB=…`` or ``.venv/bin/python -m gpucourse check …``) or from a cell
 (``gc.check_this_notebook()``). It is the instructor's grading engine (:mod:`.grade`) on one
 notebook: a fresh kernel of *this* Python environment, in the notebook's own folder, a time limit
-per cell and per notebook, the course's check cells restored from ``exercises/`` when the notebook
-is a course exercises notebook; every cell runs even after an error, so one unfinished exercise
-does not hide the others. Every check becomes a row: ✓ (the kernel replied ``ok``), or ✗ with the
-first line of its error. An error in any other cell is reported too.
+per cell and per notebook, the course's check cells restored from ``exercises/``, the judge
+deciding each check from the values the kernel computed (so the verdict is the one the instructor
+will see); with ``bwrap`` installed the kernel runs in the same sandbox as ``grade`` (no
+``solutions/``, no network). Every cell runs even after an error, so one unfinished exercise does
+not hide the others. Every check becomes a row: ✓, or ✗ with the first line of the judge's reason.
+An error in any other cell is reported too.
 Exit status: 0 when everything passes, 1 otherwise, 2 when a file is missing.
 """
 
@@ -24,8 +26,9 @@ from pathlib import Path
 import nbformat
 
 from .engine import _current_env_kernel_manager
-from .grade import Options, Submission, grade_notebook
-from .restore import NotANotebook, chapter_of, load_releases, parse_notebook
+from .grade import Judges, Options, Submission, _solution_folders, grade_notebook
+from .restore import load_releases
+from .sandbox import isolation
 
 __all__ = ["CheckResult", "run_notebook", "check_notebook", "format_results", "main", "check",
            "check_this_notebook"]
@@ -95,25 +98,24 @@ def _find_releases(path: Path, release: str | None):
 
 
 def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_timeout: float = 1800,
-                   release: str | None = None) -> list[CheckResult]:
-    """Run ``path`` and return one :class:`CheckResult` per check cell (and per other failing cell).
+                   release: str | None = None, solutions: str | None = None,
+                   seed: int | None = None) -> list[CheckResult]:
+    """Run ``path`` and return one :class:`CheckResult` per check cell (and per other failing cell)."""
+    import random
 
-    A course exercises notebook is checked with the release's check cells (restored, as the
-    instructor's ``grade`` does); any other notebook with its own check cells.
-    """
     path = Path(path)
     sub = Submission(path.stem, path, path.read_bytes())
     releases = _find_releases(path, release)
     options = Options(cell_timeout=cell_timeout, notebook_timeout=notebook_timeout)
+    mode = isolation(True)
+    options.hide = _solution_folders(solutions)
+    judges = Judges(solutions, random.SystemRandom().randrange(1 << 62) if seed is None else seed)
     try:
-        nb = parse_notebook(sub.data, path.name)
-        content, _ = chapter_of(nb, path.name)
-    except NotANotebook:
-        content = None
-    use_release = content is not None and content in releases
-    with tempfile.TemporaryDirectory(prefix="gpucourse-check-") as root:
-        g = grade_notebook(sub, releases, hidden=None, options=options, mode="limits",
-                           work_root=Path(root), cwd=path.resolve().parent, restore_checks=use_release)
+        with tempfile.TemporaryDirectory(prefix="gpucourse-check-") as root:
+            g = grade_notebook(sub, releases, judges=judges, hidden=False, options=options, mode=mode,
+                               work_root=Path(root))
+    finally:
+        judges.close()
     results: list[CheckResult] = []
     for r in g.rows:
         if r.exercise == "-":

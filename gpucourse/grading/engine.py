@@ -1,19 +1,19 @@
-"""Run one (already restored) notebook in a fresh kernel and decide which checks passed.
+"""Run one (already restored) notebook in a fresh kernel; collect what each check cell computed.
 
-Pass means the kernel said ok::
+The kernel only *computes*; the verdict is the judge's (:mod:`.judge`), after the run::
 
-    for each code cell:   execute ─► reply status (ok / error / none)   ◄─ nbclient's cell-executed hook
-                          probe   ─► guard.report(): tampered names? which check nonces ran?
-    a graded cell passes  ⇔  reply status "ok"  ∧  no error output  ∧  its nonce ran
-                             ∧  nothing was tampered with before it
+    for each code cell:
+        graded cell?  prime  ─► harness.prime(slot, inputs)       the grader's inputs, as data
+        execute the cell (the student's code runs; the check cell calls gc.check_exercise)
+        graded cell?  collect ◄─ harness.collect()                 the values, as data (or nothing)
 
-so hiding the error display (``set_custom_exc``, ``sys.excepthook``, an input transformer that turns
-a check into ``pass``) cannot turn a failure into a pass. A time budget holds for the whole
-notebook (each cell gets ``min(cell_timeout, time left)``), and one cell's output is capped twice:
-in the kernel (the guard) and here, before it is stored.
+so nothing the kernel prints, hides or replies decides a grade: a check passes only when the judge
+finds the values it received equal to the course's answer on the same inputs. A time budget holds
+for the whole notebook (each cell gets ``min(cell_timeout, time left)``), and one cell's output is
+capped twice: in the kernel and here, before it is stored.
 
 :func:`execute` runs inside the sandbox's shepherd process (:mod:`.sandbox`) and returns plain
-JSON; :func:`score` turns that into results in the grader.
+JSON; the grader turns that into results.
 """
 
 from __future__ import annotations
@@ -21,45 +21,18 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
+import shutil
+import tempfile
 import time
-from dataclasses import dataclass
 
 import nbformat
 
-__all__ = ["GUARDED", "SlotResult", "execute", "names_used", "score"]
+__all__ = ["execute"]
 
-#: always verified, whatever the check's source says
-GUARDED = ["torch.testing.assert_close", "torch.allclose", "torch.equal"]
-_PROBE = "__import__('gpucourse.grading.guard', fromlist=['report']).report()"
-
-
-def names_used(sources: list[str]) -> list[str]:
-    """Dotted names rooted at a known module alias that the check sources use.
-
-    Example::
-
-        >>> names_used(["x = gc.launch(f, 2)\\ntorch.testing.assert_close(a, b)"])[:3]
-        ['gc.launch', 'torch.allclose', 'torch.equal']
-    """
-    from .guard import ALIASES
-
-    found = set(GUARDED)
-    for src in sources:
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            chain = []
-            while isinstance(node, ast.Attribute):
-                chain.append(node.attr)
-                node = node.value
-            if isinstance(node, ast.Name) and chain and node.id in ALIASES:
-                chain.reverse()
-                if node.id == "gc":
-                    chain = chain[:1]
-                found.add(".".join([node.id, *chain]))
-    return sorted(found)
+_HARNESS = "__import__('gpucourse.grading.harness', fromlist=['prime'])"
+#: the most wire text kept for one slot (the harness refuses more; this guards the shepherd)
+MAX_VALUES = 16 << 20
 
 
 def _current_env_kernel_manager():
@@ -81,9 +54,14 @@ def _error_line(ename, evalue) -> str:
     return f"{ename}: {lines[0] if lines else ''}".rstrip(": ")
 
 
-def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_timeout: float,
+def execute(nb, *, slots: dict, cwd: str, cell_timeout: float, notebook_timeout: float,
             output_limit: int, env: dict | None = None) -> dict:
-    """Execute ``nb`` (modified in place) in a fresh kernel; return a JSON-able run record."""
+    """Execute ``nb`` (modified in place) in a fresh kernel; return a JSON-able run record.
+
+    ``slots`` maps the index of every graded cell to ``{"slot": "08.1", "payload": <the judge's
+    cases reply, JSON text>}``. The record's ``values`` maps each slot to the wire text its cell
+    produced (absent when the cell made none).
+    """
     from jupyter_core.utils import ensure_async
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
@@ -92,7 +70,7 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
     deadline = time.monotonic() + notebook_timeout + 600
     cells: list[dict] = [{"status": "not run", "error": "", "message": "", "seconds": 0.0}
                          for _ in nb.cells]
-    record: dict = {"cells": cells, "tampered": None, "ran": [], "fatal": "", "phases": {}}
+    record: dict = {"cells": cells, "values": {}, "fatal": "", "phases": {}}
     phases, t0 = record["phases"], time.time()
 
     class Client(NotebookClient):
@@ -111,9 +89,10 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                 return None
             return super().output(outs, msg, display_id, cell_index)
 
-        async def probe(self):
-            msg_id = await ensure_async(self.kc.execute("", silent=True, store_history=False,
-                                                        user_expressions={"g": _PROBE}))
+        async def silent(self, code: str, expression: str | None = None):
+            """Run ``code`` quietly; the value of ``expression`` (a literal), or None."""
+            msg_id = await ensure_async(self.kc.execute(code, silent=True, store_history=False,
+                                                        user_expressions={"v": expression} if expression else {}))
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -121,19 +100,24 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                 msg = await self.kc.shell_channel.get_msg(timeout=min(left, cell_timeout))
                 if msg["parent_header"].get("msg_id") == msg_id:
                     break
-            expr = msg["content"].get("user_expressions", {}).get("g", {})
-            if expr.get("status") != "ok":
-                return {"tampered": [f"the grader's guard could not run ({expr.get('ename', '?')})"],
-                        "ran": []}
-            return json.loads(ast.literal_eval(expr["data"]["text/plain"]))
+            if not expression:
+                return None
+            expr = msg["content"].get("user_expressions", {}).get("v", {})
+            text = expr.get("data", {}).get("text/plain", "None") if expr.get("status") == "ok" else "None"
+            if len(text) > 2 * MAX_VALUES:
+                return None
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return None
+            return value if isinstance(value, str) and len(value) <= MAX_VALUES else None
 
         async def run(self, env):
             nonlocal deadline
             async with self.async_setup_kernel(**({"env": env} if env else {})):
                 await self.async_wait_for_reply(await ensure_async(self.kc.kernel_info()))
                 msg_id = await ensure_async(self.kc.execute(
-                    f"__import__('gpucourse.grading.guard', fromlist=['install']).install("
-                    f"{names!r}, {int(output_limit)})", silent=True, store_history=False))
+                    f"{_HARNESS}.install_graded({int(output_limit)})", silent=True, store_history=False))
                 reply = await self.async_wait_for_reply(msg_id)
                 if reply is None or reply["content"]["status"] != "ok":
                     record["fatal"] = "the grader could not prepare the kernel"
@@ -147,12 +131,15 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                     started = time.monotonic()
                     if started >= deadline:
                         raise CellTimeoutError("budget")
+                    slot = slots.get(index) or slots.get(str(index))
+                    if slot:
+                        await self.silent(f"{_HARNESS}.prime({slot['slot']!r}, {slot['payload']!r})")
                     await self.async_execute_cell(cell, index, execution_count=self.code_cells_executed + 1)
                     cells[index]["seconds"] = round(time.monotonic() - started, 3)
-                    report = await self.probe()
-                    record["ran"] = report["ran"]
-                    if report["tampered"] and record["tampered"] is None:
-                        record["tampered"] = {"cell": index, "what": report["tampered"]}
+                    if slot:
+                        values = await self.silent("", f"{_HARNESS}.collect()")
+                        if values is not None:
+                            record["values"][slot["slot"]] = values
                 phases["cells"] = round(time.time() - t0 - phases["kernel_start"], 3)
                 t_stop[0] = time.time()
 
@@ -176,7 +163,11 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    client = Client(nb, km=_current_env_kernel_manager(), timeout_func=timeout_of, allow_errors=True,
+    # the kernel talks over Unix sockets in a private folder: nothing listens on a network address
+    sockets = tempfile.mkdtemp(prefix="gpucourse-grade-kernel-")
+    km = _current_env_kernel_manager()
+    km.transport, km.ip = "ipc", os.path.join(sockets, "kernel")
+    client = Client(nb, km=km, timeout_func=timeout_of, allow_errors=True,
                     record_timing=False, skip_cells_with_tag="\0never", on_cell_executed=on_executed,
                     iopub_timeout=10, raise_on_iopub_timeout=False, kernel_name="python3",
                     resources={"metadata": {"path": cwd}}, shutdown_kernel="immediate")
@@ -194,56 +185,8 @@ def execute(nb, *, names: list[str], cwd: str, cell_timeout: float, notebook_tim
                           "resource limit, or the notebook ended its own process)"
     except Exception as e:  # noqa: BLE001 - the grader reports, never crashes, on one notebook
         record["fatal"] = f"grading stopped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     if t_stop[0]:
         phases["kernel_stop"] = round(time.time() - t_stop[0], 3)
     return record
-
-
-@dataclass
-class SlotResult:
-    id: str
-    title: str
-    kind: str
-    passed: bool
-    error: str
-    message: str
-    seconds: float
-    points: float
-
-
-def score(record: dict, slots, origin: list) -> tuple[list[SlotResult], list[tuple[int, str]], str]:
-    """Decide every graded cell. Returns (slot results, [(submission cell, error)] of other cells,
-    notebook-level problem or "")."""
-    cells = record["cells"]
-    tampered = record.get("tampered")
-    ran = set(record.get("ran", []))
-    problem = ""
-    if tampered:
-        where = origin[tampered["cell"]] if tampered["cell"] < len(origin) else None
-        cell = f"cell {where}" if where is not None else f"cell {tampered['cell']}"
-        problem = f"tampered: {'; '.join(tampered['what'])} in {cell}"
-    results = []
-    for slot in slots:
-        row = cells[slot.index] if 0 <= slot.index < len(cells) else {"status": "not run"}
-        error = row.get("error", "")
-        if slot.missing:
-            error = f"exercise {slot.id} is missing from the submission"
-        elif problem:
-            error = problem
-        elif row["status"] == "not run":
-            error = "not run: " + (record.get("fatal") or "the notebook stopped before it")
-        elif row["status"] != "ok":
-            error = error or f"the kernel replied {row['status']!r}"
-        elif row.get("error"):
-            pass
-        elif slot.nonce and slot.nonce not in ran:
-            error = "the check did not run to its end (its code was changed while running)"
-        results.append(SlotResult(slot.id, slot.title, slot.kind, not error, error,
-                                  row.get("message", "") if not problem else "",
-                                  row.get("seconds", 0.0), slot.points))
-    graded = {s.index for s in slots}
-    others = [(origin[i] if origin[i] is not None else i, row["error"]) for i, row in enumerate(cells)
-              if i not in graded and row.get("error") and i < len(origin)]
-    if record.get("fatal") and not problem:
-        problem = record["fatal"]
-    return results, others, problem

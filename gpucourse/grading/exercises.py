@@ -9,17 +9,18 @@ A solutions notebook marks every exercise like this::
         ...the reference answer...
         ### END SOLUTION
 
-    # Check 04.2 — equals dist.all_reduce           <- code cell tagged "check": compares the
-    ...                                                learner's code with a reference on random
-                                                       inputs (asserts; a stub must fail)
+    # Check 04.2 — equals dist.all_reduce           <- code cell tagged "check": says how to run
+    def cases(rng): ...                                the learner's code on random inputs and
+    gc.check_exercise("04.2", ring_all_reduce, cases)  how to compare; the judge decides (see
+                                                       :mod:`.harness`; a stub must fail)
 
 :func:`make_exercise_notebook` replaces each solution region by a stub that raises
 ``NotImplementedError`` (keeping the region's indentation, so a function body stays a function
 body) and clears the outputs and execution counts of every cell — check cells included, so a
 shipped notebook never looks solved. Cells tagged ``solution-only`` are dropped, and so are hidden
-checks: code cells tagged ``hidden`` after an exercise's visible check, first line
-``# Hidden 04.2 — …``, which test more (random sizes, edge cases, a property) for the
-instructor's grader only. The release carries what the grader needs to trust nothing in a
+checks: the one code cell tagged ``hidden`` after an exercise's visible check, first line
+``# Hidden 04.2 — …``, calling ``gc.check_hidden("04.2", cases)``: more cases (random sizes, edge
+cases, a property) for the instructor's grader only. The release carries what the grader needs to trust nothing in a
 submission (:mod:`.restore`): the notebook's chapter in ``metadata.gpucourse``, and on every check
 cell its exercise id, points (default 1, or the solution cell's ``points`` metadata) and a content
 hash. Each exercise's heading says what a pass prints.
@@ -40,7 +41,7 @@ import nbformat
 
 __all__ = ["BEGIN", "END", "strip_solutions", "make_exercise_notebook", "exercise_index",
            "generate_exercises", "CHECK_HEADER", "EXERCISE_HEADING", "HIDDEN_HEADER", "HIDDEN_TAG",
-           "CHECK_TAG", "PASS_LINE", "check_hash"]
+           "CHECK_TAG", "CHECK_CALL", "HIDDEN_CALL", "check_hash"]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -52,6 +53,9 @@ HIDDEN_TAG = "hidden"
 CHECK_HEADER = re.compile(r"^#\s*Check\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$")
 #: first line of a hidden check cell: ``# Hidden 04.2 — what else is checked``
 HIDDEN_HEADER = re.compile(r"^#\s*Hidden\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$")
+#: the call a check cell ends with, and a hidden check's
+CHECK_CALL = re.compile(r"""gc\.check_exercise\(\s*["'](?P<id>\d{2}\.\d+)["']""")
+HIDDEN_CALL = re.compile(r"""gc\.check_hidden\(\s*["'](?P<id>\d{2}\.\d+)["']""")
 #: markdown heading that opens an exercise: ``## Exercise 04.2 — title``
 EXERCISE_HEADING = re.compile(r"^#+\s*Exercise\s+(?P<id>\d{2}\.\d+)\b[\s:—–-]*(?P<title>.*)$",
                               re.MULTILINE)
@@ -159,6 +163,9 @@ def exercise_index(nb, *, name: str = "notebook") -> dict[str, Exercise]:
                                           f"{current.id}")
             if is_check and _has_solution(cell):
                 raise ExerciseFormatError(f"{where}: a check cell must not contain a solution region")
+            if is_check and [m["id"] for m in CHECK_CALL.finditer(cell.source)] != [current.id]:
+                raise ExerciseFormatError(f"{where}: a check cell must call gc.check_exercise("
+                                          f"{current.id!r}, …) once (the judge decides, see harness)")
             (current.check_cells if is_check else current.solution_cells).append(index)
     for ex in exercises.values():
         if not ex.solution_cells:
@@ -183,6 +190,11 @@ def _check_hidden_cell(cell, where, is_check, header, current) -> None:
                                   f"{current.id if current else '(none)'}, or before its check cell")
     if _has_solution(cell):
         raise ExerciseFormatError(f"{where}: a hidden check must not contain a solution region")
+    if current.hidden_cells:
+        raise ExerciseFormatError(f"{where}: exercise {current.id} has a hidden check already (one per "
+                                  "exercise; put more cases in it)")
+    if [m["id"] for m in HIDDEN_CALL.finditer(cell.source)] != [current.id]:
+        raise ExerciseFormatError(f"{where}: a hidden check must call gc.check_hidden({current.id!r}, …) once")
 
 
 def make_exercise_notebook(nb, *, name: str = "notebook"):
@@ -206,10 +218,6 @@ def make_exercise_notebook(nb, *, name: str = "notebook"):
     return out
 
 
-#: what a check prints when it passes (``print("04.2 passed ✓")``)
-PASS_LINE = re.compile(r"""print\(\s*["'](?P<line>\d{2}\.\d+ passed ✓)["']\s*\)""")
-
-
 def check_hash(source: str) -> str:
     """Content hash of a check cell (trailing whitespace ignored), stored in the release."""
     import hashlib
@@ -227,20 +235,20 @@ def _release_metadata(nb, exercises: dict[str, Exercise], name: str) -> None:
         points = check.metadata.get("points", 1)
         check.metadata["gpucourse"] = {"exercise": ex.id, "points": points,
                                        "hash": check_hash(check.source)}
-        m = PASS_LINE.search(check.source)
         heading = next(c for c in nb.cells if c.cell_type == "markdown"
                        and any(h["id"] == ex.id for h in EXERCISE_HEADING.finditer(c.source)))
-        if m and "the check prints" not in heading.source:
+        if "its check cell prints" not in heading.source:
             heading.source = (heading.source.rstrip() + f"\n\nWhen your code is right, its check "
-                              f"cell prints `{m['line']}`.")
+                              f"cell prints `{ex.id} passed ✓`.")
 
 
 def generate_exercises(solutions_dir: str | Path, exercises_dir: str | Path, *,
-                       check_only: bool = False) -> list[Path]:
+                       check_only: bool = False, chapters: list[str] | None = None) -> list[Path]:
     """Write ``exercises_dir/NN_*.ipynb`` from ``solutions_dir``; return the files that changed.
 
     With ``check_only=True`` nothing is written: the return value lists the exercises notebooks
-    that are out of date (or missing, or no longer have a solutions source).
+    that are out of date (or missing, or no longer have a solutions source). ``chapters`` (``["08"]``)
+    limits both to those chapters.
 
     Raises:
         FileNotFoundError: ``solutions_dir`` holds no ``NN_*.ipynb`` (nothing would be checked, and
@@ -248,6 +256,8 @@ def generate_exercises(solutions_dir: str | Path, exercises_dir: str | Path, *,
     """
     solutions_dir, exercises_dir = Path(solutions_dir), Path(exercises_dir)
     sources = sorted(solutions_dir.glob("[0-9][0-9]_*.ipynb"))
+    if chapters:
+        sources = [p for p in sources if p.name[:2] in chapters]
     if not sources:
         # Run from the wrong folder, an empty source would "pass" the check and, worse, delete
         # every exercises notebook as stale.
@@ -267,7 +277,7 @@ def generate_exercises(solutions_dir: str | Path, exercises_dir: str | Path, *,
                 exercises_dir.mkdir(parents=True, exist_ok=True)
                 dst.write_text(text, encoding="utf-8")
     for stale in sorted(exercises_dir.glob("[0-9][0-9]_*.ipynb")):
-        if stale.name not in expected:
+        if stale.name not in expected and (not chapters or stale.name[:2] in chapters):
             changed.append(stale)
             if not check_only:
                 stale.unlink()

@@ -3,8 +3,15 @@
 ::
 
     read every file first ──► parse (bad file → a row saying why) ──► match chapter ──► restore
-    checks from the release (+ hidden) ──► run each in its own sandbox, N at a time ──► score
-    ──► gradebook rows ──► CSV / JSON / feedback / per-student table ──► exit 0 / 1 / 2
+    checks from the release (+ a cell per hidden check) ──► the judge draws every check's inputs
+    from this run's seed ──► run each notebook in its own sandbox, N at a time: each check cell
+    computes the student's values ──► the judge compares them with the course's answers on the
+    same inputs ──► gradebook rows ──► CSV / JSON / feedback / per-student table ──► exit 0 / 1 / 2
+
+Where a verdict is decided: in the judge (:mod:`.judge`), a process of the grader's that runs the
+course's solutions and never a submission's code. The student's kernel and ranks only compute and
+send values as data (:mod:`.wire`); they never see the solutions, the hidden checks or an expected
+value (``solutions/`` is hidden from the sandbox).
 
 Exit status: 0 every exercise passed; 1 some exercise failed; 2 a usage error or a submission that
 could not be graded (unreadable, not a notebook, wrong chapter).
@@ -12,33 +19,26 @@ could not be graded (unreadable, not a notebook, wrong chapter).
 
 from __future__ import annotations
 
-import itertools
+import ast
+import json
 import os
+import random
 import sys
 import tempfile
+import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
-from .engine import names_used, score
+from .exercises import EXERCISE_HEADING
 from .gradebook import Row, summary_table, write_csv, write_feedback, write_json
-from .restore import (
-    NotANotebook,
-    Release,
-    chapter_of,
-    load_hidden,
-    load_release,
-    load_releases,
-    parse_notebook,
-    restore,
-)
+from .restore import NotANotebook, Release, Slot, chapter_of, load_releases, parse_notebook, restore
 from .sandbox import Limits, describe, isolation, run_job
 
-__all__ = ["Options", "Submission", "discover", "grade", "grade_notebook"]
+__all__ = ["Judges", "Options", "Submission", "discover", "find_solutions", "grade", "grade_notebook"]
 
 MAX_NOTEBOOK_BYTES = 32 << 20
 
@@ -95,14 +95,12 @@ class Graded:
     record: dict = field(default_factory=dict)
 
 
-def _bad(sub: Submission, status: str, why: str, release: Release | None = None,
-         hidden: dict | None = None) -> Graded:
+def _bad(sub: Submission, status: str, why: str, release: Release | None = None) -> Graded:
     rows = []
     if release is not None:
         for cid, rc in release.checks.items():
-            hm = rc.points * len((hidden or {}).get(cid, []))
-            rows.append(Row(sub.student, sub.path.name, cid, rc.title, "✗", "✗" if hm else "", 0, rc.points,
-                            0, hm, 0.0, why, "", status))
+            rows.append(Row(sub.student, sub.path.name, cid, rc.title, "✗", "", 0, rc.points,
+                            0, 0, 0.0, why, "", status))
     else:
         rows.append(Row(sub.student, sub.path.name, "-", "(notebook)", "✗", "", 0, 0, 0, 0, 0.0, why, "",
                         status))
@@ -126,10 +124,110 @@ def choose_release(nb, filename: str, releases: dict[str, Release], expected: st
     return releases[chapter], ""
 
 
-def grade_notebook(sub: Submission, releases: dict[str, Release], *, hidden: dict | None,
+class Judges:
+    """One judge process per chapter (started on first use), shared by the grading threads.
+
+    Each caches its inputs per slot and seed and the course's answers on them, so a class graded
+    with one seed runs each reference once.
+    """
+
+    def __init__(self, solutions: str | os.PathLike | None, seed: int):
+        self.solutions, self.seed = solutions, seed
+        self._judges: dict[str, object] = {}
+        self._cases: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._chapter_locks: dict[str, threading.Lock] = {}
+
+    def get(self, chapter: str):
+        from .harness import JudgeProcess
+
+        with self._lock:
+            lock = self._chapter_locks.setdefault(chapter, threading.Lock())
+        with lock:
+            judge = self._judges.get(chapter)
+            if judge is None or judge.proc.poll() is not None:
+                folder = self.solutions or find_solutions(chapter)
+                if folder is None:
+                    raise FileNotFoundError(
+                        f"the course's solutions for chapter {chapter} were not found: the grader "
+                        "needs them to compute the expected values (pass --solutions solutions/)")
+                judge = JudgeProcess(chapter, folder, local=False)
+                for error in judge.hello.get("errors", []):
+                    print(f"warning: the course's solutions did not load cleanly: {error}", file=sys.stderr)
+                self._judges[chapter] = judge
+            return judge
+
+    def cases(self, chapter: str, slot: str) -> dict:
+        if slot not in self._cases:
+            self._cases[slot] = self.get(chapter).request({"op": "cases", "slot": slot, "seed": self.seed},
+                                                          timeout=300)
+        return self._cases[slot]
+
+    def compare(self, chapter: str, slot: str, values: str) -> dict:
+        try:
+            return self.get(chapter).request({"op": "compare", "slot": slot, "seed": self.seed,
+                                              "values": values}, timeout=600)
+        except TimeoutError:
+            return {"passed": False, "message": f"{slot}: the values could not be compared within 600 s"}
+
+    def close(self) -> None:
+        for judge in self._judges.values():
+            judge.close()
+
+
+def find_solutions(chapter: str) -> Path | None:
+    from .harness import find_solutions as find
+
+    return find(chapter)
+
+
+def _answer_sources(nb, exercise: str) -> list[str]:
+    """The code cells of a submission's exercise section (after its heading, before the next one)."""
+    sources, inside = [], False
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            ids = [m["id"] for m in EXERCISE_HEADING.finditer(cell.source)]
+            if ids:
+                inside = exercise in ids
+            continue
+        if inside and cell.cell_type == "code" and not cell.source.lstrip().startswith(("# Check", "# Hidden")):
+            sources.append(cell.source)
+    return sources
+
+
+def forbidden_uses(sources: list[str], forbid: list[str]) -> list[str]:
+    """Which of ``forbid`` (``"gc.zero_memory"``) the sources name: as a name, an attribute, an
+    imported name or a string (``getattr(gc, "zero_memory")``).
+
+    Example::
+
+        >>> forbidden_uses(["f = getattr(gc, 'zero_memory')"], ["gc.zero_memory", "gc.launch"])
+        ['gc.zero_memory']
+    """
+    wanted = {name.split(".")[-1]: name for name in forbid}
+    found = set()
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Name):
+                names = [node.id]
+            elif isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, ast.alias):
+                names = [node.name.split(".")[-1], node.asname or ""]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]
+            found.update(wanted[n] for n in names if n in wanted)
+    return sorted(found)
+
+
+def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Judges, hidden: bool,
                    options: Options, mode: str, expected: str | None = None,
-                   work_root: Path | None = None, cwd: Path | None = None,
-                   restore_checks: bool = True) -> Graded:
+                   work_root: Path | None = None, cwd: Path | None = None) -> Graded:
     """Grade one submission (never raises for the submission's sake)."""
     if sub.problem:
         return _bad(sub, "unreadable", sub.problem)
@@ -137,41 +235,88 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, hidden: dic
         nb = parse_notebook(sub.data, sub.path.name)
     except NotANotebook as e:
         return _bad(sub, "unreadable", f"unreadable: {e}")
-    if restore_checks:
-        release, why = choose_release(nb, sub.path.name, releases, expected)
-        if why:
-            return _bad(sub, "wrong chapter" if why.startswith("wrong") else "no release", why, release,
-                        hidden)
-    else:
-        release = load_release(sub.path, nb=nb)
-    counter = itertools.count()
-    run, slots, origin = restore(nb, release, hidden=hidden if restore_checks else None,
-                                 nonce=lambda: f"{uuid.uuid4().hex}-{next(counter)}")
+    release, why = choose_release(nb, sub.path.name, releases, expected)
+    if why:
+        return _bad(sub, "wrong chapter" if why.startswith("wrong") else "no release", why, release)
+    try:
+        judge = judges.get(release.chapter)
+    except (OSError, RuntimeError, TimeoutError) as e:
+        return _bad(sub, "not graded", f"not graded: {e}", release)
+    slots_of_judge = {s["slot"]: s for s in judge.hello["slots"]}
+    hidden_titles = {s["exercise"]: s["title"] for s in slots_of_judge.values()
+                     if s["kind"] == "hidden" and s["exercise"] in release.checks} if hidden else {}
+    run, slots, origin = restore(nb, release, hidden=hidden_titles)
     if not slots:
         return _bad(sub, "no checks", "no check cells found (tagged 'check'): nothing to grade")
+    jobs = {}
+    for slot in slots:
+        if slot.key in slots_of_judge:
+            payload = judges.cases(release.chapter, slot.key)
+            jobs[slot.index] = {"slot": slot.key, "payload": json.dumps(payload)}
     work = Path(tempfile.mkdtemp(prefix="sub-", dir=work_root))
     (work / sub.path.name).write_bytes(sub.data)        # the student's own copy, for relative paths
-    job = {"notebook": nbformat.writes(run), "names": names_used([s.source for s in slots]),
-           "cwd": str(cwd or work), "cell_timeout": options.cell_timeout,
-           "notebook_timeout": options.notebook_timeout, "output_limit": options.limits.output_bytes}
+    job = {"notebook": nbformat.writes(run), "slots": jobs, "cwd": str(cwd or work),
+           "cell_timeout": options.cell_timeout, "notebook_timeout": options.notebook_timeout,
+           "output_limit": options.limits.output_bytes}
     record = run_job(job, work=work, limits=options.limits, mode=mode,
                      wall=options.notebook_timeout + 180, hide=options.hide)
-    results, others, problem = score(record, slots, origin)
+    results = [_judge_slot(slot, record, judges, release.chapter, slots_of_judge, nb) for slot in slots]
+    graded_cells = {s.index for s in slots}
+    cells = record["cells"]
+    others = [(origin[i] if origin[i] is not None else i, row["error"]) for i, row in enumerate(cells)
+              if i not in graded_cells and row.get("error") and i < len(origin)]
+    problem = record.get("fatal", "")
     rows = []
     for cid in dict.fromkeys(s.id for s in slots):
-        vis = next(r for r, s in zip(results, slots) if s.id == cid and s.kind == "visible")
-        slot = next(s for s in slots if s.id == cid and s.kind == "visible")
-        hid = [r for r, s in zip(results, slots) if s.id == cid and s.kind == "hidden"]
-        hidden_ok = all(r.passed for r in hid)
+        (slot, vis), = [(s, r) for s, r in zip(slots, results) if s.id == cid and s.kind == "visible"]
+        hid = [r for s, r in zip(slots, results) if s.id == cid and s.kind == "hidden"]
+        hidden_ok = all(r["passed"] for r in hid)
         flag = "missing" if slot.missing else "deleted" if slot.deleted else "edited" if slot.edited else ""
-        error = vis.error or next((f"hidden check: {r.error}" for r in hid if not r.passed), "")
-        message = vis.message or next((r.message for r in hid if not r.passed), "")
-        status = "tampered" if problem.startswith("tampered") else "graded"
-        rows.append(Row(sub.student, sub.path.name, cid, vis.title, "✓" if vis.passed else "✗",
-                        ("✓" if hidden_ok else "✗") if hid else "", vis.points if vis.passed else 0,
-                        vis.points, sum(r.points for r in hid if r.passed), sum(r.points for r in hid),
-                        round(vis.seconds + sum(r.seconds for r in hid), 3), error, flag, status, message))
+        error = vis["error"] or next((r["error"] for r in hid if not r["passed"]), "")
+        message = vis["message"] if not vis["passed"] else next((r["message"] for r in hid if not r["passed"]), "")
+        rows.append(Row(sub.student, sub.path.name, cid, slot.title, "✓" if vis["passed"] else "✗",
+                        ("✓" if hidden_ok else "✗") if hid else "", slot.points if vis["passed"] else 0,
+                        slot.points, sum(slot.points for r in hid if r["passed"]), slot.points * len(hid),
+                        round(vis["seconds"] + sum(r["seconds"] for r in hid), 3), error, flag, "graded",
+                        message))
     return Graded(sub, rows, "graded", others, problem, record)
+
+
+def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: dict, nb) -> dict:
+    """The verdict on one graded cell: the judge's, on the values the cell sent (if it sent any)."""
+    cells = record["cells"]
+    row = cells[slot.index] if 0 <= slot.index < len(cells) else {"status": "not run"}
+    out = {"passed": False, "error": "", "message": "", "seconds": row.get("seconds", 0.0)}
+    label = f"hidden check of {slot.id}" if slot.kind == "hidden" else slot.id
+    if slot.missing:
+        out["error"] = f"exercise {slot.id} is missing from the submission"
+        return out
+    if slot.key not in known:
+        out["error"] = f"{label}: the course has no judge for this check (report it to the course)"
+        return out
+    forbid = known[slot.key].get("forbid", [])
+    used = forbidden_uses(_answer_sources(nb, slot.id), forbid) if forbid else []
+    if used:
+        out["error"] = (f"{slot.id} calls {', '.join(used)}, which the exercise forbids: it asks you to "
+                        "write that yourself")
+        return out
+    values = record.get("values", {}).get(slot.key)
+    if values is None:
+        if row["status"] == "not run":
+            out["error"] = f"{label} did not run: " + (record.get("fatal") or "the notebook stopped before it")
+        elif row.get("error"):
+            out["error"] = f"{label} could not run: {row['error']}"
+            out["message"] = row.get("message", "")
+        else:
+            out["error"] = f"{label} sent no values (the check cell did not reach gc.check_exercise)"
+        return out
+    verdict = judges.compare(chapter, slot.key, values)
+    out["passed"] = bool(verdict.get("passed"))
+    if not out["passed"]:
+        message = verdict.get("message") or verdict.get("error") or "failed"
+        out["error"] = message.strip().splitlines()[0]
+        out["message"] = message
+    return out
 
 
 def _print_notebook(g: Graded, out=sys.stdout) -> None:
@@ -190,6 +335,18 @@ def _print_notebook(g: Graded, out=sys.stdout) -> None:
     out.flush()
 
 
+def _solution_folders(solutions) -> list[Path]:
+    """Every folder of answers a sandbox must hide: the one given and the course's own."""
+    from .harness import _PACKAGE_DIR
+
+    folders = [Path(_PACKAGE_DIR).parent / "solutions"]
+    if solutions:
+        folders.append(Path(solutions).resolve())
+    if os.environ.get("GPUCOURSE_SOLUTIONS"):
+        folders.append(Path(os.environ["GPUCOURSE_SOLUTIONS"]).resolve())
+    return [f for f in folders if f.exists()]
+
+
 def default_workers() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
@@ -197,7 +354,8 @@ def default_workers() -> int:
 def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | None = None,
           workers: int | None = None, csv_path: str | None = None, json_path: str | None = None,
           feedback: str | None = None, feedback_format: str = "md", options: Options | None = None,
-          chapter: str | None = None, quiet: bool = False) -> int:
+          chapter: str | None = None, quiet: bool = False, solutions: str | None = None,
+          hidden: bool | None = None, seed: int | None = None, allow_unisolated: bool = False) -> int:
     """The ``grade`` command. Returns the exit status."""
     options = options or Options()
     missing = [p for p in paths if not Path(p).exists()]
@@ -212,43 +370,57 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
         print(f"gpucourse grade: no NN_*.ipynb release notebooks in {release!r}", file=sys.stderr)
         return 2
     expected = chapter or (next(iter(releases)) if Path(release).is_file() else None)
-    hidden = None
     if hidden_from is not None:
         if not Path(hidden_from).is_dir():
             print(f"gpucourse grade: --hidden needs the solutions folder, {hidden_from!r} not found",
                   file=sys.stderr)
             return 2
-        hidden = load_hidden(hidden_from)
+        solutions = solutions or hidden_from
+    hidden = bool(hidden if hidden is not None else hidden_from is not None)
+    if solutions is not None and not Path(solutions).is_dir():
+        print(f"gpucourse grade: solutions folder {solutions!r} not found", file=sys.stderr)
+        return 2
     subs = discover(paths)
     if not subs:
         print("gpucourse grade: no notebooks (*.ipynb) in " + " ".join(paths), file=sys.stderr)
         return 2
     mode = isolation(options.use_bwrap)
+    if mode != "bwrap" and options.use_bwrap and not allow_unisolated:
+        print("gpucourse grade: bubblewrap (bwrap) is not installed or does not work here, and without it "
+              "a submission could read the course's solutions. Install it (Debian/Ubuntu: apt-get install "
+              "bubblewrap), or pass --no-bwrap to grade trusted notebooks without hiding the answers.",
+              file=sys.stderr)
+        return 2
     line = describe(mode, options.limits)
     workers = workers or default_workers()
+    seed = random.SystemRandom().randrange(1 << 62) if seed is None else int(seed)
     print(f"grading {len(subs)} notebook(s) with {workers} worker(s); {line}", flush=True)
-    options.hide = [*options.hide, *(Path(p).resolve() for p in paths)] + (
-        [Path(hidden_from).resolve()] if hidden_from else [])
+    print(f"check inputs drawn from seed {seed} (the same grades again: --seed {seed})", flush=True)
+    judges = Judges(solutions, seed)
+    options.hide = [*options.hide, *(Path(p).resolve() for p in paths), *_solution_folders(solutions)]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpucourse-grade-") as root:
         def one(sub):
             try:
-                g = grade_notebook(sub, releases, hidden=hidden, options=options, mode=mode,
+                g = grade_notebook(sub, releases, judges=judges, hidden=hidden, options=options, mode=mode,
                                    expected=expected, work_root=Path(root))
             except Exception as e:  # noqa: BLE001 - one odd notebook is a row, never a crash
                 g = _bad(sub, "unreadable", f"could not be graded: {type(e).__name__}: {e}")
             if not quiet:
                 _print_notebook(g)
             return g
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            graded = list(pool.map(one, subs))
+        try:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                graded = list(pool.map(one, subs))
+        finally:
+            judges.close()
     rows = [r for g in graded for r in g.rows]
     print(f"\n{summary_table(rows)}")
     print(f"\n{len(subs)} notebook(s) in {time.monotonic() - started:.1f} s")
     if csv_path:
         write_csv(rows, csv_path)
     if json_path:
-        write_json(rows, json_path, isolation=line, notebooks=[
+        write_json(rows, json_path, isolation=line, seed=seed, notebooks=[
             {"student": g.sub.student, "notebook": str(g.sub.path), "status": g.status, "problem": g.problem,
              "wall_seconds": g.record.get("wall_seconds", 0.0), "phases": g.record.get("phases", {}),
              "processes_killed_after": g.record.get("leftovers_killed", 0)} for g in graded])

@@ -13,7 +13,7 @@ CSV/JSON columns (:data:`COLUMNS`)::
     seconds   time the check cells ran
     error     first error line (or why the notebook was not graded)
     restored  "edited" (the check was changed: restored), "deleted" (put back), "missing" (0 points)
-    status    graded / unreadable / wrong chapter / no release / tampered / stopped
+    status    graded / unreadable / wrong chapter / no release / no checks / not graded
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def write_csv(rows: list[Row], path: str | Path) -> None:
             w.writerow(asdict(r))
 
 
-def write_json(rows: list[Row], path: str | Path, *, isolation: str = "",
+def write_json(rows: list[Row], path: str | Path, *, isolation: str = "", seed: int | None = None,
                notebooks: list[dict] | None = None) -> None:
-    data = {"isolation": isolation, "notebooks": notebooks or [], "rows": [{k: v for k, v in asdict(r).items() if k in COLUMNS}
+    data = {"isolation": isolation, "seed": seed, "notebooks": notebooks or [], "rows": [{k: v for k, v in asdict(r).items() if k in COLUMNS}
                                               for r in rows]}
     Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 

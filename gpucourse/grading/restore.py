@@ -10,7 +10,8 @@ the notebook that actually runs is rebuilt from both::
                      ──►  a deleted check cell is put back after its exercise's last cell
                           (its ``## Exercise NN.k`` section), or after the student's copy of the
                           release cell that preceded it, or at the end
-                     ──►  with ``hidden``: the solution's hidden checks of NN.k right after it
+                     ──►  with ``hidden``: a grader's cell right after it that runs the hidden
+                          cases of NN.k (the judge holds them; their source never enters the run)
 
 Only the slots recorded in :class:`Slot` are graded; other cells that look like checks (a second
 ``# Check 00.1`` cell, a made-up ``# Check 99.9``) are ordinary cells of the submission. An exercise
@@ -80,12 +81,12 @@ class Slot:
     title: str
     kind: str               # "visible" or "hidden"
     points: float
+    key: str = ""           # the judge's slot: "08.1" or "08.1/hidden"
     index: int = -1         # position in the run notebook (filled at the end)
     edited: bool = False    # the submission's copy differed from the release
     deleted: bool = False   # the submission had no check cell for this id: put back
     missing: bool = False   # the id appears nowhere in the submission: scores 0
     source: str = ""
-    nonce: str = ""
     extra: dict = field(default_factory=dict)
 
 
@@ -207,11 +208,17 @@ def _neutral_metadata(cell) -> None:
     cell.metadata = {}
 
 
-def restore(sub, release: Release, *, hidden: dict[str, list[tuple[str, str]]] | None = None,
-            nonce=lambda: "") -> tuple[object, list[Slot], list[int | None]]:
+def hidden_cell_source(exercise: str) -> str:
+    """The grader's cell that runs exercise ``exercise``'s hidden cases (with its check's own code)."""
+    return f"__import__('gpucourse.grading.harness', fromlist=['run_hidden']).run_hidden({exercise!r})"
+
+
+def restore(sub, release: Release, *, hidden: dict[str, str] | None = None
+            ) -> tuple[object, list[Slot], list[int | None]]:
     """Build the notebook to run from a submission and its release.
 
-    Returns ``(run_nb, slots, origin)``: the notebook, the graded cells, and for every run cell
+    ``hidden`` maps an exercise id to its hidden check's title: a cell that runs those cases goes
+    right after the exercise's check. Returns ``(run_nb, slots, origin)``: the notebook, the graded cells, and for every run cell
     its index in the submission (``None`` for a cell the grader put there).
     """
     cells = []
@@ -238,7 +245,7 @@ def restore(sub, release: Release, *, hidden: dict[str, list[tuple[str, str]]] |
     slots: list[Slot] = []
     marker = "_gpucourse_slot"
     for cid, rc in release.checks.items():
-        slot = Slot(cid, rc.title, "visible", rc.points)
+        slot = Slot(cid, rc.title, "visible", rc.points, cid)
         slot.missing = cid not in mentioned
         new = nbformat.v4.new_code_cell(rc.source, metadata={"tags": [CHECK_TAG], marker: cid})
         if cid in taken:
@@ -252,16 +259,15 @@ def restore(sub, release: Release, *, hidden: dict[str, list[tuple[str, str]]] |
             origin.insert(at, None)
             taken = {k: (v + 1 if v >= at else v) for k, v in taken.items()}
         slots.append(slot)
-        for title, source in (hidden or {}).get(cid, []):
-            slots.append(Slot(cid, title, "hidden", rc.points))
+        if cid in (hidden or {}):
+            slots.append(Slot(cid, hidden[cid], "hidden", rc.points, f"{cid}/hidden"))
             at = next(p for p, c in enumerate(cells) if c.metadata.get(marker) == cid) + 1
-            while at < len(cells) and cells[at].metadata.get(marker) == cid:
-                at += 1
-            cells.insert(at, nbformat.v4.new_code_cell(source, metadata={"tags": ["hidden"], marker: cid}))
+            cells.insert(at, nbformat.v4.new_code_cell(hidden_cell_source(cid),
+                                                       metadata={"tags": ["hidden"], marker: cid}))
             origin.insert(at, None)
             taken = {k: (v + 1 if v >= at else v) for k, v in taken.items()}
 
-    # positions, in run order; a nonce appended to each graded cell proves it really ran
+    # positions, in run order
     by_id: dict[str, list[Slot]] = {}
     for s in slots:
         by_id.setdefault(s.id, []).append(s)
@@ -272,10 +278,7 @@ def restore(sub, release: Release, *, hidden: dict[str, list[tuple[str, str]]] |
             continue
         slot = by_id[cid][seen[cid]]
         seen[cid] += 1
-        slot.index, slot.source, slot.nonce = pos, cell.source, nonce()
-        if slot.nonce:
-            cell.source = (cell.source.rstrip() + "\n__import__('gpucourse.grading.guard', "
-                           f"fromlist=['ran']).ran({slot.nonce!r})")
+        slot.index, slot.source = pos, cell.source
         del cell.metadata[marker]
     run = nbformat.v4.new_notebook(cells=cells, metadata={"gpucourse": {"chapter": release.chapter}})
     return run, slots, origin

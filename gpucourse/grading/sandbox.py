@@ -141,6 +141,7 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
                               "JUPYTER_PLATFORM_DIRS": "1", "PYTHONDONTWRITEBYTECODE": "1",
                               "MPLBACKEND": "agg"})
     env.pop("JPY_SESSION_NAME", None)
+    env.pop("GPUCOURSE_SOLUTIONS", None)          # the kernel never learns where the answers are
     read_fd, write_fd = os.pipe()
     env["GPUCOURSE_RESULT_FD"] = str(write_fd)
     argv = [sys.executable, "-c", _BOOT, str(_GRADING_DIR)]
@@ -161,7 +162,7 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
             data = os.read(read_fd, 1 << 16)
             if not data:
                 break
-            if sum(map(len, chunks)) < (64 << 20):
+            if sum(map(len, chunks)) < (256 << 20):
                 chunks.append(data)
 
     t = threading.Thread(target=reader, daemon=True)
@@ -189,7 +190,7 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
         tail = (work / ".shepherd.log").read_bytes()[-600:].decode(errors="replace").strip().splitlines()
         why = killed or (f"the grading process ended with status {proc.returncode}"
                          + (f": {tail[-1]}" if tail else ""))
-        record = {"cells": [], "tampered": None, "ran": [], "fatal": why}
+        record = {"cells": [], "values": {}, "fatal": why}
     record["leftovers_killed"] = record.get("leftovers_killed", 0) + leftovers
     record["wall_seconds"] = round(time.monotonic() - started, 3)
     return record
@@ -305,7 +306,7 @@ def shepherd_main() -> None:
 
     nb = nbformat.reads(job["notebook"], as_version=4)
     ready = time.time()
-    record = engine.execute(nb, names=job["names"], cwd=job["cwd"], cell_timeout=job["cell_timeout"],
+    record = engine.execute(nb, slots=job["slots"], cwd=job["cwd"], cell_timeout=job["cell_timeout"],
                             notebook_timeout=job["notebook_timeout"], output_limit=job["output_limit"],
                             env=dict(os.environ))
     record["leftovers_killed"] = _kill_descendants()

@@ -1,0 +1,696 @@
+"""What a check cell does: run *your* code on the grader's inputs, and let the grader decide.
+
+A check cell ends with one call::
+
+    # Check 08.1 — model_state_bytes for random sizes, ranks and stages
+    def cases(rng):                                  # the inputs (drawn by the grader, never here)
+        for _ in range(300):
+            yield rng.randint(1, 10**6), rng.choice([1, 2, 4, 8]), rng.randint(0, 3)
+
+    gc.check_exercise("08.1", model_state_bytes, cases)
+
+and the verdict is never computed in the process that runs your code::
+
+    judge (its own process: the course's solutions, never your code)
+      1) cases(rng) with the grader's seed ──────────────► inputs, as data (``wire``)
+                                                   kernel: 2) run(*case) with YOUR function
+      4) run(*case) with the course's answer  ◄────────── 3) the values, as data
+      5) compare(case, got, want): passed, or which case failed, expected, got, a hint
+
+Where the judge lives depends on who asked:
+
+- **local** (you run the cell in JupyterLab): a judge process started by this kernel on the first
+  check (it reads the course's ``solutions/``) prints ``08.1 passed ✓`` or raises
+  :class:`CheckFailed` with the reason;
+- **graded** (``python -m gpucourse check/grade``): the grader primes each check cell with its
+  inputs and collects the values afterwards; its own judge decides, after the notebook ran. Your
+  kernel never sees the expected values, the hidden checks or the solutions;
+- **judge**: inside the judge, the same call only *registers* the check (cases, run, compare).
+
+Everything the kernel reports is a *claim* about your code's values; only the right values pass.
+
+.. warning::
+   ``forbid=["gc.zero_memory"]`` makes those functions raise :class:`ForbiddenCall` when your code
+   calls them during the check (directly, through an alias, on any rank): an exercise that asks you
+   to build something does not pass by calling the course's own version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import threading
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import wire
+from .wire import Opaque, Raised, Record
+
+__all__ = ["CaseRNG", "CheckFailed", "ForbiddenCall", "Spec", "check_exercise", "check_hidden",
+           "collect", "describe_call", "expect", "expect_close", "expect_equal", "install_graded",
+           "prime", "run_hidden", "same", "set_check_seed"]
+
+
+class CheckFailed(AssertionError):
+    """A check's verdict: your code's values differ from the course's answer (the message says how)."""
+
+
+class ForbiddenCall(RuntimeError):
+    """Your code called a function that this exercise asks you to write yourself."""
+
+
+# --- the inputs: a random source the judge seeds -----------------------------------------------
+
+class CaseRNG(random.Random):
+    """``random.Random`` plus tensors, seeded by the grader: what ``cases(rng)`` draws from.
+
+    Example::
+
+        >>> rng = CaseRNG(7)
+        >>> a, b = rng.randint(0, 9), rng.randn(2, 3)
+        >>> tuple(b.shape), CaseRNG(7).randint(0, 9) == a
+        ((2, 3), True)
+    """
+
+    def __init__(self, seed: int):
+        super().__init__(seed)
+        self._torch_seed = seed & ((1 << 63) - 1)
+        self._generator = None
+
+    @property
+    def generator(self):
+        """A ``torch.Generator`` seeded from the same seed (for ``torch.randn(..., generator=)``)."""
+        if self._generator is None:
+            import torch
+
+            self._generator = torch.Generator().manual_seed(self._torch_seed)
+        return self._generator
+
+    def randn(self, *shape, dtype=None):
+        import torch
+
+        return torch.randn(*shape, generator=self.generator, dtype=dtype or torch.float32)
+
+    def rand(self, *shape, dtype=None):
+        import torch
+
+        return torch.rand(*shape, generator=self.generator, dtype=dtype or torch.float32)
+
+    def integers(self, low: int, high: int, *shape):
+        """A tensor of ints in ``[low, high)`` (int64)."""
+        import torch
+
+        return torch.randint(low, high, shape, generator=self.generator)
+
+    def seed31(self) -> int:
+        """A fresh seed for ``torch.manual_seed`` inside a run."""
+        return self.randrange(1 << 31)
+
+
+def case_seed(seed: int, slot: str) -> int:
+    """The seed of one check's inputs: the grader's run seed and the slot, hashed (stable)."""
+    digest = hashlib.sha256(f"{seed}/{slot}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+# --- judging: the default comparison and the vocabulary of compare functions --------------------
+
+def expect(condition, message: str) -> None:
+    """In a ``compare`` function: fail the case with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise CheckFailed(message)
+
+
+def _short(v, limit: int = 120) -> str:
+    """A value as a message shows it: small tensors in full, large ones by shape."""
+    if isinstance(v, Raised):
+        return f"raised {v}"
+    if isinstance(v, Opaque):
+        return f"a {v.type} ({v.repr[:60]})"
+    if isinstance(v, Record):
+        return f"a {v.type}"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor):
+        dtype = str(v.dtype).removeprefix("torch.")
+        if v.numel() <= 8:
+            vals = v.tolist()
+            return f"tensor({vals}, {dtype})"
+        return f"tensor of shape {tuple(v.shape)}, {dtype}"
+    if isinstance(v, float):
+        text = repr(v)
+    else:
+        text = repr(v)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _kind(v) -> str:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor):
+        return "tensor"
+    if isinstance(v, bool):
+        return "bool"
+    return type(v).__name__
+
+
+def same(got, want, *, rtol: float | None = None, atol: float | None = None, exact: bool = False,
+         what: str = "the result") -> None:
+    """Raise :class:`CheckFailed` unless ``got`` matches ``want`` — the default comparison.
+
+    Types count (an ``int`` where an ``int`` is expected; a ``float`` may be expected as close),
+    containers are compared item by item, tensors by shape, dtype and value (``exact`` or within
+    ``rtol``/``atol``, torch's defaults per dtype), exceptions by class (a subclass counts).
+
+    Example::
+
+        >>> same([1, 2.0000000001], [1, 2.0])
+        >>> try:
+        ...     same({"a": (1, 2)}, {"a": (1, 3)})
+        ... except CheckFailed as e:
+        ...     print(e)
+        the result['a'][1]: expected 3, got 2
+    """
+    if isinstance(got, Raised) and not isinstance(want, Raised):
+        if got.not_implemented:
+            raise CheckFailed(f"not implemented yet: {got}")
+        raise CheckFailed(f"{what}: expected {_short(want)}, but the code raised {got}")
+    if isinstance(want, Raised):
+        if isinstance(got, Raised):
+            expect(got.is_a(want.type), f"{what}: expected {want.type} to be raised, got {got}")
+            return
+        raise CheckFailed(f"{what}: expected {want.type} to be raised, got {_short(got)}")
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(want, torch.Tensor):
+        expect_close(got, want, what, rtol=rtol, atol=atol, exact=exact)
+        return
+    if want is None or isinstance(want, (bool, str, bytes)):
+        expect(type(got) is type(want) and got == want, f"{what}: expected {_short(want)}, got {_short(got)}")
+        return
+    if isinstance(want, int):
+        expect(isinstance(got, int) and not isinstance(got, bool),
+               f"{what}: expected the int {want}, got {_short(got)} (a {_kind(got)})")
+        expect(got == want, f"{what}: expected {want}, got {got}")
+        return
+    if isinstance(want, (float, complex)):
+        ok_type = isinstance(got, (int, float, complex)) and not isinstance(got, bool)
+        expect(ok_type, f"{what}: expected the number {_short(want)}, got {_short(got)} (a {_kind(got)})")
+        if exact:
+            expect(got == want or (got != got and want != want), f"{what}: expected {want!r}, got {got!r}")
+            return
+        r = 1e-7 if rtol is None else rtol
+        a = 1e-12 if atol is None else atol
+        both_nan = isinstance(got, float) and math.isnan(got) and isinstance(want, float) and math.isnan(want)
+        expect(both_nan or abs(got - want) <= a + r * abs(want),
+               f"{what}: expected {want!r}, got {got!r}")
+        return
+    if isinstance(want, (list, tuple)):
+        expect(isinstance(got, (list, tuple)), f"{what}: expected a {type(want).__name__} of {len(want)}, "
+                                               f"got {_short(got)}")
+        expect(len(got) == len(want), f"{what}: expected {len(want)} items, got {len(got)}: {_short(got)}")
+        for i, (g, w) in enumerate(zip(got, want)):
+            same(g, w, rtol=rtol, atol=atol, exact=exact, what=f"{what}[{i}]")
+        return
+    if isinstance(want, dict):
+        expect(isinstance(got, dict), f"{what}: expected a dict, got {_short(got)}")
+        missing, extra = [k for k in want if k not in got], [k for k in got if k not in want]
+        expect(not missing and not extra, f"{what}: keys differ — missing {missing}, unexpected {extra}")
+        for k in want:
+            same(got[k], want[k], rtol=rtol, atol=atol, exact=exact, what=f"{what}[{k!r}]")
+        return
+    if isinstance(want, (set, frozenset)):
+        expect(isinstance(got, (set, frozenset)) and set(got) == set(want),
+               f"{what}: expected {_short(want)}, got {_short(got)}")
+        return
+    if isinstance(want, Record):
+        expect(isinstance(got, Record) and got.type == want.type,
+               f"{what}: expected a {want.type}, got {_short(got)}")
+        same(got.fields, want.fields, rtol=rtol, atol=atol, exact=exact, what=f"{what} ({want.type})")
+        return
+    if isinstance(want, Opaque):
+        expect(isinstance(got, Opaque) and got.type == want.type, f"{what}: expected a {want.type}, got {_short(got)}")
+        return
+    expect(got == want, f"{what}: expected {_short(want)}, got {_short(got)}")
+
+
+def expect_equal(got, want, what: str = "the result") -> None:
+    """In a ``compare`` function: ``got`` must equal ``want`` exactly (tensors bit for bit)."""
+    same(got, want, exact=True, what=what)
+
+
+def expect_close(got, want, what: str = "the result", *, rtol: float | None = None,
+                 atol: float | None = None, exact: bool = False) -> None:
+    """In a ``compare`` function: ``got`` must be a tensor of ``want``'s shape and dtype, close to it."""
+    import torch
+
+    if isinstance(got, Raised):
+        same(got, want, what=what)
+    expect(isinstance(got, torch.Tensor), f"{what}: expected a tensor of shape {tuple(want.shape)}, "
+                                          f"got {_short(got)}")
+    expect(tuple(got.shape) == tuple(want.shape),
+           f"{what}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}")
+    expect(got.dtype == want.dtype, f"{what}: expected dtype {want.dtype}, got {got.dtype}")
+    if exact:
+        ok = torch.equal(got, want) or (got.is_floating_point() and bool(
+            ((got == want) | (got.isnan() & want.isnan())).all()))
+        if not ok:
+            raise CheckFailed(f"{what}: not bit-for-bit equal: {_mismatch(got, want)}")
+        return
+    tolerance = {} if rtol is None and atol is None else {"rtol": rtol or 0.0, "atol": atol or 0.0}
+    try:
+        torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
+    except AssertionError:
+        raise CheckFailed(f"{what}: values differ: {_mismatch(got, want)}") from None
+
+
+def _mismatch(got, want) -> str:
+    import torch
+
+    g, w = got.detach().double().reshape(-1), want.detach().double().reshape(-1)
+    diff = (g - w).abs()
+    diff = torch.where(g.isnan() & w.isnan(), torch.zeros_like(diff), diff.nan_to_num(math.inf))
+    i = int(diff.argmax())
+    idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), tuple(want.shape))) if want.dim() else ()
+    bad = int((diff > 0).sum())
+    return (f"{bad} of {want.numel()} elements differ; the largest at index {idx}: expected "
+            f"{w[i].item():.6g}, got {g[i].item():.6g}")
+
+
+def describe_call(name: str, case) -> str:
+    """``model_state_bytes(1000, 3, 2)``: how a message names one case."""
+    if isinstance(case, tuple):
+        args = ", ".join(_short(a, 60) for a in case)
+    elif isinstance(case, dict):
+        args = ", ".join(f"{k}={_short(v, 60)}" for k, v in case.items())
+    else:
+        args = _short(case, 60)
+    return f"{name}({args})"
+
+
+# --- the registry of checks (judge side) --------------------------------------------------------
+
+@dataclass
+class Spec:
+    """One check as the judge holds it."""
+
+    slot: str                               # "08.1" or "08.1/hidden"
+    exercise: str
+    kind: str                               # "visible" / "hidden"
+    cases: Callable
+    run: Callable | None = None
+    compare: Callable | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    exact: bool = False
+    forbid: tuple = ()
+    hint: str = ""
+    describe: Callable | None = None
+    title: str = ""
+
+
+#: the judge fills this while it executes a solutions notebook (mode "judge")
+SPECS: dict[str, Spec] = {}
+_state: dict[str, Any] = {"mode": "local", "primed": None, "collected": None, "runs": {},
+                          "judge": None, "seed": None, "title": ""}
+
+
+def _mode() -> str:
+    return _state["mode"]
+
+
+def set_check_seed(seed: int | None) -> None:
+    """Draw the inputs of the next local checks from ``seed`` (a failure message names its seed)."""
+    _state["seed"] = None if seed is None else int(seed)
+
+
+# --- running a check's cases (kernel side, and the judge's reference) --------------------------
+
+def _call(run: Callable, case):
+    if isinstance(case, tuple):
+        return run(*case)
+    if isinstance(case, dict):
+        return run(**case)
+    return run(case)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed & 0xFFFFFFFF)
+
+
+def run_cases(run: Callable, cases: list, seeds: list[int]) -> list:
+    """Each case's value (or :class:`~.wire.Raised`), encoded as it comes (a later change to a
+    returned tensor cannot alter it). Stops at the first ``NotImplementedError``."""
+    nodes = []
+    for case, seed in zip(cases, seeds):
+        _seed_everything(seed)
+        try:
+            value = _call(run, case)
+        except Exception as e:  # noqa: BLE001 - every failure of the code under test is a value
+            value = wire.raised(e)
+        except KeyboardInterrupt:
+            raise
+        try:
+            nodes.append(wire.encode(value))
+        except wire.WireError as e:
+            nodes.append(wire.encode(Raised("WireError", ("WireError",), str(e))))
+        if isinstance(value, Raised) and value.not_implemented:
+            break
+    return nodes
+
+
+# --- forbidden helpers: they raise when the code under test calls them ---------------------------
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+_RUNTIME_DIR = os.path.join(_PACKAGE_DIR, "runtime")
+
+
+def _resolve(dotted: str):
+    root, *chain = dotted.split(".")
+    import importlib
+
+    obj = importlib.import_module({"gc": "gpucourse", "dist": "torch.distributed",
+                                   "F": "torch.nn.functional"}.get(root, root))
+    for attr in chain:
+        obj = getattr(obj, attr)
+    return obj
+
+
+def _gate(key: str, args, kwargs):
+    """Called instead of a forbidden function: the course's own code may still use it."""
+    original, name = _FORBIDDEN[key]
+    caller = sys._getframe(2)
+    path = os.path.abspath(caller.f_code.co_filename)
+    if path.startswith(_PACKAGE_DIR + os.sep) and not path.startswith(_RUNTIME_DIR + os.sep):
+        return original(*args, **kwargs)
+    raise ForbiddenCall(f"{name} is off limits in exercise {_state.get('exercise', '?')}: the exercise "
+                        f"asks you to write it yourself")
+
+
+_FORBIDDEN: dict[str, tuple] = {}
+
+
+@contextlib.contextmanager
+def forbidden(names, exercise: str = ""):
+    """While inside: each function in ``names`` (``"gc.zero_memory"``) raises :class:`ForbiddenCall`
+    when called from outside the package — through any name bound to it, on forked ranks too."""
+    swapped = []
+    _state["exercise"] = exercise
+    try:
+        for dotted in names:
+            try:
+                fn = _resolve(dotted)
+            except (ImportError, AttributeError):
+                continue
+            if isinstance(fn, type):
+                fn = fn.__dict__.get("__init__")
+            fn = getattr(fn, "__func__", fn)
+            if not isinstance(fn, types.FunctionType) or fn.__closure__:
+                continue
+            key = f"{fn.__module__}.{fn.__qualname__}"
+            copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
+            copy.__kwdefaults__ = fn.__kwdefaults__
+            _FORBIDDEN[key] = (copy, dotted)
+            src = (f"def {fn.__name__}(*args, **kwargs):\n"
+                   f"    return __import__('gpucourse.grading.harness', fromlist=['_gate'])._gate("
+                   f"{key!r}, args, kwargs)\n")
+            gate = compile(src, "<forbidden>", "exec").co_consts[0]
+            swapped.append((fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__))
+            fn.__code__, fn.__defaults__, fn.__kwdefaults__ = gate, None, None
+        yield
+    finally:
+        for fn, code, defaults, kwdefaults in reversed(swapped):
+            fn.__code__, fn.__defaults__, fn.__kwdefaults__ = code, defaults, kwdefaults
+
+
+# --- the check cell's call ------------------------------------------------------------------------
+
+def check_exercise(exercise: str, run: Callable, cases: Callable, *, compare: Callable | None = None,
+                   rtol: float | None = None, atol: float | None = None, exact: bool = False,
+                   forbid=(), hint: str = "", describe: Callable | None = None) -> None:
+    """Check exercise ``exercise``: ``run(*case)`` for every case of ``cases(rng)``, judged elsewhere.
+
+    Args:
+        exercise: its id, ``"08.1"``.
+        run: what to call for one case — the learner's function itself, or a small function of the
+            check cell that calls it (on ranks, with a model, …) and returns what to compare.
+            A case that is a tuple is passed as ``run(*case)``, a dict as ``run(**case)``.
+        cases: ``cases(rng)`` yields the inputs, drawn from ``rng`` (a :class:`CaseRNG`); runs in the
+            judge only.
+        compare: ``compare(case, got, want)`` (judge only) raises :class:`CheckFailed` (via
+            :func:`expect`, :func:`expect_close`, ...) or ``AssertionError`` when ``got`` is wrong;
+            default: :func:`same` with ``rtol``/``atol``/``exact``.
+        forbid: functions the learner's code must not call here (``["gc.zero_memory"]``).
+        hint: shown after a failure: what to look at.
+        describe: ``describe(case)`` names a case in messages (default: ``run(args…)``).
+    """
+    if not callable(run):
+        raise TypeError(f"check_exercise({exercise!r}, run, cases): run must be callable, got {run!r}")
+    mode = _mode()
+    if mode == "judge":
+        SPECS[exercise] = Spec(exercise, exercise, "visible", cases, run, compare, rtol, atol, exact,
+                               tuple(forbid), hint, describe, _state.get("title", ""))
+        return
+    _state["runs"][exercise] = run
+    if mode == "graded":
+        _graded_run(exercise, run)
+        return
+    _local_run(exercise, exercise, run, hidden=False)
+
+
+def check_hidden(exercise: str, cases: Callable, *, compare: Callable | None = None,
+                 rtol: float | None = None, atol: float | None = None, exact: bool | None = None,
+                 hint: str | None = None, describe: Callable | None = None) -> None:
+    """A hidden check (``solutions/`` only): more cases for the visible check's ``run``.
+
+    The options default to the visible check's. In a graded run the grader inserts its own cell
+    that runs these cases; the hidden check's source never reaches the learner's kernel.
+    """
+    mode = _mode()
+    slot = f"{exercise}/hidden"
+    if mode == "judge":
+        visible = SPECS.get(exercise)
+        if visible is None:
+            raise RuntimeError(f"hidden check of {exercise} before its visible check")
+        SPECS[slot] = Spec(slot, exercise, "hidden", cases, visible.run,
+                           compare if compare is not None else visible.compare,
+                           visible.rtol if rtol is None else rtol, visible.atol if atol is None else atol,
+                           visible.exact if exact is None else exact, visible.forbid,
+                           visible.hint if hint is None else hint, describe or visible.describe,
+                           _state.get("title", ""))
+        return
+    if mode == "graded":
+        print(f"(graded run: the grader runs the hidden checks of {exercise} itself)")
+        return
+    run = _state["runs"].get(exercise)
+    if run is None:
+        raise RuntimeError(f"run the check of {exercise} first: its hidden check uses the same code")
+    _local_run(exercise, slot, run, hidden=True)
+
+
+# --- graded mode (kernel side): primed by the engine, collected by the engine --------------------
+
+def install_graded(output_limit: int) -> None:
+    """The engine's first request in a fresh kernel: graded mode, output capped per cell."""
+    _state["mode"] = "graded"
+    if output_limit > 0:
+        from IPython import get_ipython
+
+        _cap_output(get_ipython(), output_limit)
+
+
+def prime(slot: str, payload: str) -> None:
+    """Engine → kernel, right before a check cell: this slot's inputs (the judge's ``cases`` reply)."""
+    _state["primed"] = (slot, json.loads(payload))
+    _state["collected"] = None
+
+
+def collect():
+    """Engine ← kernel, right after the cell: the values (wire text), or ``None`` if none were made."""
+    text, _state["collected"], _state["primed"] = _state["collected"], None, None
+    return text
+
+
+def _graded_run(exercise: str, run: Callable, slot: str | None = None) -> None:
+    slot = slot or exercise
+    primed = _state.get("primed")
+    if not primed or primed[0] != slot:
+        print(f"(graded run: {slot} is checked in its own cell)")
+        return
+    payload = primed[1]
+    cases = wire.loads(payload["cases"])
+    with forbidden(payload.get("forbid", ()), exercise):
+        nodes = run_cases(run, cases, payload["seeds"])
+    _state["collected"] = wire.pack(nodes)
+    _state["primed"] = None
+    print(f"{slot}: {len(nodes)} of {len(cases)} cases ran; the grader compares them with the "
+          "course's answers")
+
+
+def run_hidden(exercise: str) -> None:
+    """The grader's cell after a visible check: run its hidden cases with the visible check's code."""
+    run = _state["runs"].get(exercise)
+    if run is None:
+        raise RuntimeError(f"the check of {exercise} did not run, so its hidden check cannot")
+    _graded_run(exercise, run, f"{exercise}/hidden")
+
+
+def _cap_output(ip, limit: int) -> None:
+    """Cut a cell's stdout/stderr after ``limit`` characters, before IPython or ipykernel keep it.
+
+    IPython wraps ``sys.stdout.write`` anew for every cell and restores it afterwards, so the cap is
+    put on top of that wrapper at the start of every cell.
+    """
+    state = {"n": 0, "cut": False}
+
+    def wrap(stream):
+        write = stream.write
+
+        def capped(s, *args, **kwargs):
+            if not isinstance(s, str):
+                return write(s, *args, **kwargs)
+            if state["n"] >= limit:
+                if not state["cut"]:
+                    state["cut"] = True
+                    write(f"\n[output truncated by the grader after {limit} characters]\n")
+                return len(s)
+            state["n"] += len(s)
+            if state["n"] > limit:
+                write(s[: len(s) - (state["n"] - limit)])
+                return len(s)
+            return write(s, *args, **kwargs)
+
+        stream.write = capped
+
+    def on_cell(*args):
+        state.update(n=0, cut=False)
+        for stream in (sys.stdout, sys.stderr):
+            wrap(stream)
+
+    ip.events.register("pre_run_cell", on_cell)
+
+
+# --- local mode: a judge process of this kernel's own ---------------------------------------------
+
+class JudgeProcess:
+    """A judge in a child process, spoken to in JSON lines over its stdin/stdout."""
+
+    def __init__(self, chapter: str, solutions: str | os.PathLike, *, local: bool):
+        import tempfile
+
+        self.chapter = chapter
+        self.log = tempfile.NamedTemporaryFile(prefix="gpucourse-judge-", suffix=".log", delete=False)
+        argv = [sys.executable, "-m", "gpucourse.grading.judge", "--chapter", chapter,
+                "--solutions", str(solutions)]
+        env = dict(os.environ, MPLBACKEND="agg", PYTHONDONTWRITEBYTECODE="1")
+        env.pop("GPUCOURSE_RESULT_FD", None)
+        self.proc = subprocess.Popen(argv + (["--die-with-parent"] if local else []), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, env=env, close_fds=True)
+        self.lock = threading.Lock()
+        self.hello = self.request({"op": "hello"}, timeout=600)
+
+    def request(self, message: dict, timeout: float = 600) -> dict:
+        with self.lock:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the judge process has ended ({self._tail()})")
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+            line = _read_line(self.proc.stdout, timeout)
+            if line is None:
+                self.close()
+                raise TimeoutError(f"the judge did not answer within {timeout:g} s ({self._tail()})")
+            if not line:
+                raise RuntimeError(f"the judge process ended ({self._tail()})")
+            reply = json.loads(line)
+            if "error" in reply:
+                raise RuntimeError(f"the judge failed: {reply['error']}")
+            return reply
+
+    def _tail(self) -> str:
+        try:
+            text = Path(self.log.name).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            text = []
+        return text[-1] if text else f"exit status {self.proc.poll()}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(Exception):
+                f.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.log.name)
+
+
+def _read_line(stream, timeout: float) -> bytes | None:
+    """One line from a pipe, or ``None`` after ``timeout`` seconds."""
+    import selectors
+
+    fd = stream.fileno()
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                return None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return buf
+            buf += chunk
+    return buf
+
+
+def find_solutions(chapter: str) -> Path | None:
+    """The course's ``solutions/`` folder holding chapter ``chapter`` (``GPUCOURSE_SOLUTIONS`` first)."""
+    candidates = []
+    if os.environ.get("GPUCOURSE_SOLUTIONS"):
+        candidates.append(Path(os.environ["GPUCOURSE_SOLUTIONS"]))
+    candidates += [Path(_PACKAGE_DIR).parent / "solutions", Path.cwd() / "solutions", Path.cwd().parent / "solutions"]
+    for folder in candidates:
+        if folder.is_dir() and any(folder.glob(f"{chapter}_*.ipynb")):
+            return folder
+    return None
+
+
+def _local_judge(chapter: str) -> JudgeProcess:
+    judges = _state.setdefault("judges", {})
+    judge = judges.get(chapter)
+    if judge is None or judge.proc.poll() is not None:
+        solutions = find_solutions(chapter)
+        if solutions is None:
+            raise CheckFailed(f"cannot check chapter {chapter} here: the course's answers "
+                              "(its solutions/ folder) are not on this machine, and the check needs them "
+                              "to compare with. Set GPUCOURSE_SOLUTIONS=/path/to/solutions, or hand the "
+                              "notebook in: the instructor's grader decides.")
+        judge = JudgeProcess(chapter, solutions, local=True)
+        judges[chapter] = judge
+    return judge
+
+
+def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None:
+    judge = _local_judge(exercise[:2])
+    reply = judge.request({"op": "cases", "slot": slot, "seed": _state["seed"]})
+    cases = wire.loads(reply["cases"])
+    with forbidden(reply.get("forbid", ()), exercise):
+        nodes = run_cases(run, cases, reply["seeds"])
+    verdict = judge.request({"op": "compare", "slot": slot, "seed": reply["seed"], "values": wire.pack(nodes)})
+    if not verdict["passed"]:
+        raise CheckFailed(verdict["message"])
+    print(f"{exercise}{' hidden' if hidden else ''} passed ✓")

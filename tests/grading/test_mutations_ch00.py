@@ -1,0 +1,111 @@
+"""Chapter 00: plausible wrong answers its checks must reject (see ``_mutations.py``)."""
+
+from _mutations import chapter_tests
+
+VISIBLE = {
+    "00.1": {
+        "sum, not mean": "dist.all_reduce(tensor)\nreturn tensor",
+        "a new tensor, input untouched": "out = tensor.clone()\ndist.all_reduce(out)\nreturn out / dist.get_world_size()",
+        "divides by a hard-coded 2": "dist.all_reduce(tensor)\ntensor /= 2\nreturn tensor",
+        "forgets to return": "dist.all_reduce(tensor)\ntensor /= dist.get_world_size()",
+    },
+    "00.2": {
+        "constant": "return 0",
+        "negative index": """\
+ids = [int(x) for x in spec.split(",") if x.strip()]
+if logical >= len(ids):                         # forgets that cuda:-1 is not visible either
+    raise IndexError(logical)
+return ids[logical]
+""",
+        "off-by-one": """\
+ids = [int(x) for x in spec.split(",") if x.strip()]
+if not 0 <= logical < len(ids):
+    raise IndexError(logical)
+return ids[logical - 1]                         # cuda:1 read as 'the first GPU'
+""",
+        "the logical id itself": """\
+ids = [int(x) for x in spec.split(",") if x.strip()]
+if not 0 <= logical < len(ids):
+    raise IndexError(logical)
+return logical                                  # as if CUDA_VISIBLE_DEVICES renamed nothing
+""",
+        "calls the forbidden helper": """\
+mapping = gc.visible_devices(spec)
+if logical not in mapping:
+    raise IndexError(logical)
+return mapping[logical]
+""",
+    },
+    "00.3": {
+        "constant": 'return "gloo", [None] * nprocs',
+        "filter instead of stop": """\
+ids = list(range(machine_gpus)) if spec is None else [int(e) for e in spec.split(",") if e.strip()]
+visible = [g for g in ids if 0 <= g < machine_gpus]     # skips a missing GPU instead of stopping there
+if not visible or not nccl_built:
+    return "gloo", [None] * nprocs
+if nprocs > len(visible):
+    raise ValueError(nprocs)
+return "nccl", visible[:nprocs]
+""",
+        "off-by-one": """\
+visible = list(range(machine_gpus)) if spec is None else []
+for entry in ([] if spec is None else [e for e in spec.split(",") if e.strip()]):
+    if not 0 <= int(entry) < machine_gpus:
+        break
+    visible.append(int(entry))
+if not visible or not nccl_built:
+    return "gloo", [None] * nprocs
+if nprocs >= len(visible):                      # refuses one rank per GPU exactly
+    raise ValueError(nprocs)
+return "nccl", visible[:nprocs]
+""",
+        "logical ids, not physical": """\
+visible = list(range(machine_gpus)) if spec is None else []
+for entry in ([] if spec is None else [e for e in spec.split(",") if e.strip()]):
+    if not 0 <= int(entry) < machine_gpus:
+        break
+    visible.append(int(entry))
+if not visible or not nccl_built:
+    return "gloo", [None] * nprocs
+if nprocs > len(visible):
+    raise ValueError(nprocs)
+return "nccl", list(range(nprocs))              # cuda:r, not the GPU behind it
+""",
+    },
+}
+
+HIDDEN = {
+    "00.1": {
+        "hard-codes the check's shape": """\
+parts = [torch.zeros(5) for _ in range(dist.get_world_size())]
+dist.all_gather(parts, tensor)
+tensor.copy_(torch.stack(parts).mean(0))
+return tensor
+""",
+    },
+    "00.2": {
+        "no empty spec": """\
+ids = [int(x) for x in spec.split(",")]          # int('') fails on an empty CUDA_VISIBLE_DEVICES
+if not 0 <= logical < len(ids):
+    raise IndexError(logical)
+return ids[logical]
+""",
+    },
+    "00.3": {
+        "only ids past the machine end the list": """\
+visible = list(range(machine_gpus)) if spec is None else []
+for entry in ([] if spec is None else [e for e in spec.split(",") if e.strip()]):
+    if int(entry) >= machine_gpus:              # a negative id slips through
+        break
+    visible.append(int(entry))
+if not visible or not nccl_built:
+    return "gloo", [None] * nprocs
+if nprocs > len(visible):
+    raise ValueError(nprocs)
+return "nccl", visible[:nprocs]
+""",
+    },
+}
+
+test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
+    chapter_tests("00", VISIBLE, HIDDEN)
