@@ -108,10 +108,12 @@ check: $(STAMP)
 	$(PY) -m gpucourse check $(NB)
 
 # the instructor's gradebook: make grade SUBMISSIONS=subs/ GRADE_ARGS="--hidden --csv grades.csv"
+# (2 workers and grades.json by default; anything in GRADE_ARGS wins)
 GRADE_ARGS ?=
+GRADEBOOK ?= grades.json
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder-or-notebooks [GRADE_ARGS=...]"; exit 2; }
-	$(PY) -m gpucourse grade $(SUBMISSIONS) $(GRADE_ARGS)
+	$(PY) -m gpucourse grade $(SUBMISSIONS) --workers $(WORKERS) --json $(GRADEBOOK) $(GRADE_ARGS)
 
 # refresh the exact pins after changing pyproject.toml (course authors)
 constraints: $(STAMP)

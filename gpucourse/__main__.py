@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--release", default=None,
                    help="release folder to restore checks from (default: exercises/ next to the notebook "
                         "or in the current folder)")
+    p.add_argument("--solutions", default=None,
+                   help="the course's solutions folder the judge computes expected values from "
+                        "(default: the course's own solutions/)")
+    p.add_argument("--seed", type=int, default=None, help="draw the checks' inputs from this seed")
 
     p = sub.add_parser("grade", help="grade a class: checks restored from the release, each notebook "
                                      "sandboxed, gradebook out")
@@ -48,8 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--release", default="exercises",
                    help="release folder (or one notebook) the checks come from (default exercises/)")
     p.add_argument("--chapter", default=None, help="every submission must be this chapter (NN)")
-    p.add_argument("--hidden", nargs="?", const="solutions", default=None, metavar="SOLUTIONS",
-                   help="also run the hidden checks of the solutions folder (default solutions/)")
+    p.add_argument("--hidden", nargs="?", const="", default=None, metavar="SOLUTIONS",
+                   help="also run the hidden checks (from --solutions, or the folder given here)")
+    p.add_argument("--solutions", default=None,
+                   help="the course's solutions folder: the judge computes every expected value from it "
+                        "(default: solutions/ of the course the package belongs to)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="draw every check's inputs from this seed (default: a fresh one, printed and "
+                        "recorded in the gradebook; the same seed reproduces a grade)")
     p.add_argument("--workers", type=_workers, default=None,
                    help="notebooks graded at once (default: cores / 2, at least 1)")
     p.add_argument("--csv", help="write the gradebook as CSV")
@@ -61,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds per notebook, all cells together (default 900)")
     p.add_argument("--memory-mb", type=_workers, default=8192, help="address space per process (MB)")
     p.add_argument("--output-kb", type=_workers, default=1024, help="output kept per cell (KB)")
-    p.add_argument("--no-bwrap", action="store_true", help="do not use bubblewrap even if installed")
+    p.add_argument("--no-bwrap", action="store_true",
+                   help="grade without bubblewrap (the notebooks could then read the course's solutions: "
+                        "trusted notebooks only; without this flag grade refuses to run unsandboxed)")
 
     p = sub.add_parser("exercises", help="regenerate exercises/ from solutions/")
     p.add_argument("--solutions", default="solutions")
@@ -71,10 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chapter", action="append", metavar="NN",
                    help="only this chapter (repeatable); default: every chapter")
 
-    p = sub.add_parser("export-nbgrader", help="write an nbgrader course folder (source/<assignment>/)")
+    p = sub.add_parser("export-nbgrader", help="write an nbgrader course folder (source/<assignment>/, "
+                                               "nbgrader_config.py)")
     p.add_argument("dir", help="nbgrader course folder to write into")
-    p.add_argument("--solutions", default="solutions")
-    p.add_argument("--assignment", default="gpucourse", help="assignment name (default gpucourse)")
+    p.add_argument("--solutions", default=None,
+                   help="the course's solutions folder (default: the course's own solutions/)")
+    p.add_argument("--chapter", action="append", metavar="NN",
+                   help="export this chapter (repeatable); default: every chapter")
+    p.add_argument("--assignment", default=None,
+                   help="put the chapters into this one assignment (default: one assignment per chapter, "
+                        "e.g. 08_sharded_data_parallel)")
 
     args = parser.parse_args(argv)
     if args.command != "doctor":
@@ -87,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return 0 if doctor(smoke_test=not args.no_smoke_test) else 1
     if args.command == "check":
-        from .grading.check import main as check_main
+        from .grading.selfcheck import main as check_main
 
         return check_main(args.notebooks, cell_timeout=args.cell_timeout,
-                          notebook_timeout=args.notebook_timeout, release=args.release)
+                          notebook_timeout=args.notebook_timeout, release=args.release,
+                          solutions=args.solutions, seed=args.seed)
     if args.command == "grade":
         from .grading.grade import Options, grade
         from .grading.sandbox import Limits
@@ -99,19 +118,23 @@ def main(argv: list[str] | None = None) -> int:
                           limits=Limits(memory_bytes=args.memory_mb << 20, output_bytes=args.output_kb << 10,
                                         cpu_seconds=int(args.notebook_timeout * 2) + 60),
                           use_bwrap=not args.no_bwrap)
-        return grade(args.submissions, release=args.release, hidden_from=args.hidden, workers=args.workers,
-                     csv_path=args.csv, json_path=args.json, feedback=args.feedback,
-                     feedback_format=args.feedback_format, options=options, chapter=args.chapter)
+        return grade(args.submissions, release=args.release, hidden_from=args.hidden or None,
+                     hidden=args.hidden is not None, workers=args.workers, csv_path=args.csv,
+                     json_path=args.json, feedback=args.feedback, feedback_format=args.feedback_format,
+                     options=options, chapter=args.chapter, solutions=args.solutions, seed=args.seed,
+                     allow_unisolated=args.no_bwrap)
     if args.command == "export-nbgrader":
         from .grading.nbgrader import export_nbgrader
 
         try:
-            written = export_nbgrader(args.solutions, args.dir, assignment=args.assignment)
-        except FileNotFoundError as e:
+            written = export_nbgrader(args.dir, solutions=args.solutions, chapters=args.chapter,
+                                      assignment=args.assignment)
+        except (FileNotFoundError, ValueError) as e:
             print(f"gpucourse export-nbgrader: {e}", file=sys.stderr)
             return 2
         for path in written:
             print(f"wrote {path}")
+        print(f"next: cd {args.dir} && nbgrader generate_assignment {written[0].parent.name}")
         return 0
     from .grading.exercises import generate_exercises
 

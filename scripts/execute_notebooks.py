@@ -107,7 +107,7 @@ def main(paths: list[str]) -> int:
             print(f"{path}: {frozen} widget view(s) stored as placeholder + still picture", flush=True)
         return 0
 
-    from gpucourse.grading.check import run_notebook
+    from gpucourse.grading.selfcheck import run_notebook
 
     for path in map(Path, paths):
         start = time.perf_counter()

@@ -11,7 +11,7 @@
 - ``sandbox``    temp copy, own session, rlimits, bwrap, whole process tree killed
 - ``gradebook``  CSV / JSON / per-student table / feedback files
 - ``grade``      ``python -m gpucourse grade``: all of the above for a class, N at a time
-- ``check``      ``python -m gpucourse check`` and ``gc.check_this_notebook()``: the learner's
+- ``selfcheck``  ``python -m gpucourse check`` and ``gc.check_this_notebook()``: the learner's
                  one-notebook self-check on the same engine
 - ``nbgrader``   ``python -m gpucourse export-nbgrader``
 
@@ -22,7 +22,7 @@ judge (the course's answers) and the students' kernels load torch. Names are loa
 import importlib as _importlib
 
 _WHERE = {
-    "check": "check", "check_this_notebook": "check", "run_notebook": "check",
+    "check": "selfcheck", "check_this_notebook": "selfcheck", "run_notebook": "selfcheck",
     "generate_exercises": "exercises",
     "CheckFailed": "harness", "ForbiddenCall": "harness", "check_exercise": "harness",
     "check_hidden": "harness", "expect": "harness", "expect_close": "harness", "expect_equal": "harness",

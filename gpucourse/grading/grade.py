@@ -23,6 +23,7 @@ import ast
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 import threading
@@ -34,7 +35,7 @@ from pathlib import Path
 import nbformat
 
 from .exercises import EXERCISE_HEADING
-from .gradebook import Row, summary_table, write_csv, write_feedback, write_json
+from .gradebook import Row, earned, summary_table, write_csv, write_feedback, write_json
 from .restore import NotANotebook, Release, Slot, chapter_of, load_releases, parse_notebook, restore
 from .sandbox import Limits, describe, isolation, run_job
 
@@ -60,28 +61,68 @@ class Options:
     hide: list[Path] = field(default_factory=list)
 
 
-def discover(paths: list[str]) -> list[Submission]:
-    """Every ``*.ipynb`` under the given files/folders, read into memory now.
+_COURSE_NAME = re.compile(r"^\d{2}_")
 
-    The student is the first folder under a given folder (``subs/alice/00_….ipynb`` → alice), or
-    the file's name without ``.ipynb`` when the submissions are flat.
+
+def student_of(path: Path, given: Path) -> str:
+    """Who handed in ``path``, found under the command-line argument ``given``.
+
+    One rule for every way a shell user names a class: a notebook named like a course notebook
+    (``00_setup_exercises.ipynb``) belongs to the folder it is in; any other notebook is the student
+    (``alice.ipynb``, flat submissions) — unless it sits in a student's folder below ``given``::
+
+        subs/                 subs/alice/00_….ipynb → alice     subs/alice.ipynb → alice
+        subs/*  (subs/alice)  subs/alice/00_….ipynb → alice
+        subs/alice/00_….ipynb (a file)              → alice      subs/alice.ipynb (a file) → alice
+
+    Example::
+
+        >>> student_of(Path("subs/alice/00_setup_exercises.ipynb"), Path("subs/alice"))
+        'alice'
+        >>> student_of(Path("subs/bob.ipynb"), Path("subs"))
+        'bob'
+        >>> student_of(Path("subs/carol/week1/00_setup_exercises.ipynb"), Path("subs"))
+        'carol'
+    """
+    rel = path.relative_to(given) if path != given else Path(path.name)
+    if len(rel.parts) > 1:                         # below a folder inside the argument: that folder
+        return rel.parts[0]
+    if _COURSE_NAME.match(path.name):              # a course notebook: the folder it is in
+        folder = given if given.is_dir() else path.parent
+        return folder.resolve().name
+    return path.stem
+
+
+def discover(paths: list[str]) -> list[Submission]:
+    """Every ``*.ipynb`` under the given files/folders, read into memory now (see :func:`student_of`).
+
+    A student who hands in the same chapter twice gets both graded and a problem naming both files.
     """
     subs: list[Submission] = []
+    done: set[Path] = set()
     for arg in map(Path, paths):
         files = ([arg] if arg.is_file() else sorted(
             q for q in arg.rglob("*.ipynb") if not any(p.startswith(".") for p in q.relative_to(arg).parts)))
         for f in files:
-            rel = f.relative_to(arg) if f != arg else Path(f.name)
-            student = rel.parts[0] if len(rel.parts) > 1 else f.stem
-            sub = Submission(student, f)
+            if f.resolve() in done:                 # the same file named twice (subs/ and subs/alice)
+                continue
+            done.add(f.resolve())
+            sub = Submission(student_of(f, arg), f)
             try:
                 if f.stat().st_size > MAX_NOTEBOOK_BYTES:
-                    sub.problem = f"unreadable: larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
+                    sub.problem = f"unreadable: {f.name} is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
                 else:
                     sub.data = f.read_bytes()
             except OSError as e:
-                sub.problem = f"unreadable: {e.strerror or e}"
+                sub.problem = f"unreadable: {f.name}: {e.strerror or e}"
             subs.append(sub)
+    seen: dict[tuple[str, str], Path] = {}
+    for sub in subs:
+        key = (sub.student, sub.path.name[:3] if _COURSE_NAME.match(sub.path.name) else sub.path.name)
+        if key in seen:
+            sub.problem = sub.problem or (f"duplicate: {sub.student} handed in chapter {key[1][:2]} twice "
+                                          f"({seen[key]} and {sub.path}); only the first is graded")
+        seen.setdefault(key, sub.path)
     return subs
 
 
@@ -96,15 +137,23 @@ class Graded:
 
 
 def _bad(sub: Submission, status: str, why: str, release: Release | None = None) -> Graded:
+    """A submission that was not graded: 0 of its chapter's points (when the chapter is known),
+    one row per exercise naming the file and why."""
     rows = []
     if release is not None:
         for cid, rc in release.checks.items():
-            rows.append(Row(sub.student, sub.path.name, cid, rc.title, "✗", "", 0, rc.points,
-                            0, 0, 0.0, why, "", status))
+            rows.append(Row(sub.student, sub.path.name, cid, rc.title, "✗", "", 0, rc.points, 0.0,
+                            why, "", status))
     else:
-        rows.append(Row(sub.student, sub.path.name, "-", "(notebook)", "✗", "", 0, 0, 0, 0, 0.0, why, "",
-                        status))
+        rows.append(Row(sub.student, sub.path.name, "-", sub.path.name, "✗", "", 0, 0, 0.0, why, "", status))
     return Graded(sub, rows, status, problem=why)
+
+
+def _release_by_name(sub: Submission, releases: dict[str, Release], expected: str | None) -> Release | None:
+    """The release a notebook that could not be read was meant for: its file name's chapter, or the
+    one chapter being graded."""
+    m = _COURSE_NAME.match(sub.path.name)
+    return releases.get(sub.path.name[:2]) if m else releases.get(expected or "")
 
 
 def choose_release(nb, filename: str, releases: dict[str, Release], expected: str | None
@@ -230,11 +279,12 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
                    work_root: Path | None = None, cwd: Path | None = None) -> Graded:
     """Grade one submission (never raises for the submission's sake)."""
     if sub.problem:
-        return _bad(sub, "unreadable", sub.problem)
+        status = "duplicate" if sub.problem.startswith("duplicate") else "unreadable"
+        return _bad(sub, status, sub.problem, _release_by_name(sub, releases, expected))
     try:
         nb = parse_notebook(sub.data, sub.path.name)
     except NotANotebook as e:
-        return _bad(sub, "unreadable", f"unreadable: {e}")
+        return _bad(sub, "unreadable", f"unreadable: {sub.path.name}: {e}", _release_by_name(sub, releases, expected))
     release, why = choose_release(nb, sub.path.name, releases, expected)
     if why:
         return _bad(sub, "wrong chapter" if why.startswith("wrong") else "no release", why, release)
@@ -270,13 +320,13 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
     for cid in dict.fromkeys(s.id for s in slots):
         (slot, vis), = [(s, r) for s, r in zip(slots, results) if s.id == cid and s.kind == "visible"]
         hid = [r for s, r in zip(slots, results) if s.id == cid and s.kind == "hidden"]
-        hidden_ok = all(r["passed"] for r in hid)
+        hidden_ok = all(r["passed"] for r in hid) if hid else None
         flag = "missing" if slot.missing else "deleted" if slot.deleted else "edited" if slot.edited else ""
         error = vis["error"] or next((r["error"] for r in hid if not r["passed"]), "")
         message = vis["message"] if not vis["passed"] else next((r["message"] for r in hid if not r["passed"]), "")
         rows.append(Row(sub.student, sub.path.name, cid, slot.title, "✓" if vis["passed"] else "✗",
-                        ("✓" if hidden_ok else "✗") if hid else "", slot.points if vis["passed"] else 0,
-                        slot.points, sum(slot.points for r in hid if r["passed"]), slot.points * len(hid),
+                        "" if hidden_ok is None else "✓" if hidden_ok else "✗",
+                        earned(slot.points, vis["passed"], hidden_ok), slot.points,
                         round(vis["seconds"] + sum(r["seconds"] for r in hid), 3), error, flag, "graded",
                         message))
     return Graded(sub, rows, "graded", others, problem, record)
@@ -335,11 +385,13 @@ def _print_notebook(g: Graded, out=sys.stdout) -> None:
     out.flush()
 
 
-def _solution_folders(solutions) -> list[Path]:
-    """Every folder of answers a sandbox must hide: the one given and the course's own."""
+def _answer_folders(solutions) -> list[Path]:
+    """Every folder a sandbox must hide because answers are in it: the solutions given, the course's
+    own, and the course's git objects (which hold every committed solution)."""
     from .harness import _PACKAGE_DIR
 
-    folders = [Path(_PACKAGE_DIR).parent / "solutions"]
+    course = Path(_PACKAGE_DIR).parent
+    folders = [course / "solutions", course / ".git"]
     if solutions:
         folders.append(Path(solutions).resolve())
     if os.environ.get("GPUCOURSE_SOLUTIONS"):
@@ -377,6 +429,8 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
             return 2
         solutions = solutions or hidden_from
     hidden = bool(hidden if hidden is not None else hidden_from is not None)
+    if solutions is None and os.environ.get("GPUCOURSE_SOLUTIONS"):
+        solutions = os.environ["GPUCOURSE_SOLUTIONS"]
     if solutions is not None and not Path(solutions).is_dir():
         print(f"gpucourse grade: solutions folder {solutions!r} not found", file=sys.stderr)
         return 2
@@ -397,7 +451,7 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     print(f"grading {len(subs)} notebook(s) with {workers} worker(s); {line}", flush=True)
     print(f"check inputs drawn from seed {seed} (the same grades again: --seed {seed})", flush=True)
     judges = Judges(solutions, seed)
-    options.hide = [*options.hide, *(Path(p).resolve() for p in paths), *_solution_folders(solutions)]
+    options.hide = [*options.hide, *(Path(p).resolve() for p in paths), *_answer_folders(solutions)]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpucourse-grade-") as root:
         def one(sub):
@@ -423,10 +477,14 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
         write_json(rows, json_path, isolation=line, seed=seed, notebooks=[
             {"student": g.sub.student, "notebook": str(g.sub.path), "status": g.status, "problem": g.problem,
              "wall_seconds": g.record.get("wall_seconds", 0.0), "phases": g.record.get("phases", {}),
-             "processes_killed_after": g.record.get("leftovers_killed", 0)} for g in graded])
+             "processes_killed_after": g.record.get("leftovers_killed", 0),
+             "other_errors": [f"cell {where}: {error}" for where, error in g.others]} for g in graded])
     if feedback:
         write_feedback(rows, feedback, fmt=feedback_format)
+    written = [p for p in (csv_path, json_path, feedback) if p]
+    if written:
+        print("gradebook written to " + ", ".join(written))
     if any(g.status != "graded" for g in graded):
         return 2
-    ok = all(r.visible == "✓" and r.hidden != "✗" for r in rows)
+    ok = all(r.points == r.max for r in rows)
     return 0 if ok else 1

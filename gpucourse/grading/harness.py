@@ -594,6 +594,9 @@ class JudgeProcess:
         argv = [sys.executable, "-m", "gpucourse.grading.judge", "--chapter", chapter,
                 "--solutions", str(solutions)]
         env = dict(os.environ, MPLBACKEND="agg", PYTHONDONTWRITEBYTECODE="1")
+        # the judge runs the very package this process imported (not whatever an install points at)
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(_PACKAGE_DIR).parent),
+                                             *filter(None, [os.environ.get("PYTHONPATH")])])
         env.pop("GPUCOURSE_RESULT_FD", None)
         self.proc = subprocess.Popen(argv + (["--die-with-parent"] if local else []), stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, env=env, close_fds=True)
@@ -684,8 +687,22 @@ def _local_judge(chapter: str) -> JudgeProcess:
     return judge
 
 
+#: set (to "1") where every check cell must also run its exercise's hidden check — nbgrader's
+#: autograde, through the ``nbgrader_config.py`` that ``export-nbgrader`` writes
+HIDDEN_CHECKS_VARIABLE = "GPUCOURSE_HIDDEN_CHECKS"
+
+
 def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None:
     judge = _local_judge(exercise[:2])
+    _judge_one(judge, exercise, slot, run)
+    also_hidden = not hidden and os.environ.get(HIDDEN_CHECKS_VARIABLE) == "1" and any(
+        s["slot"] == f"{exercise}/hidden" for s in judge.hello["slots"])
+    if also_hidden:
+        _judge_one(judge, exercise, f"{exercise}/hidden", run)
+    print(f"{exercise}{' hidden' if hidden else ''} passed ✓" + (" (and its hidden check)" if also_hidden else ""))
+
+
+def _judge_one(judge: JudgeProcess, exercise: str, slot: str, run: Callable) -> None:
     reply = judge.request({"op": "cases", "slot": slot, "seed": _state["seed"]})
     cases = wire.loads(reply["cases"])
     with forbidden(reply.get("forbid", ()), exercise):
@@ -693,4 +710,3 @@ def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None
     verdict = judge.request({"op": "compare", "slot": slot, "seed": reply["seed"], "values": wire.pack(nodes)})
     if not verdict["passed"]:
         raise CheckFailed(verdict["message"])
-    print(f"{exercise}{' hidden' if hidden else ''} passed ✓")

@@ -134,7 +134,6 @@ class Judge:
         spec = self._spec(slot)
         c = self.cases(slot, seed)
         cases = wire.loads(c["cases"])
-        wants = wire.loads(self.reference(slot, seed))
         name = f"hidden check of {spec.exercise}" if spec.kind == "hidden" else spec.exercise
         try:
             gots = wire.loads(values)
@@ -143,6 +142,9 @@ class Judge:
         except wire.WireError as e:
             return self._verdict(False, f"{name}: the values sent by the notebook could not be read ({e})",
                                  spec, seed)
+        if gots and isinstance(gots[0], wire.Raised) and gots[0].not_implemented:
+            return {"passed": False, "message": f"{spec.exercise}: not implemented yet ({gots[0]})"}
+        wants = wire.loads(self.reference(slot, seed))
         for i, (case, got, want) in enumerate(zip(cases, gots, wants)):
             where = f"{name}, case {i + 1} of {len(cases)}"
             if isinstance(got, wire.Raised) and got.not_implemented and not isinstance(want, wire.Raised):

@@ -1,4 +1,4 @@
-"""``python -m gpucourse export-nbgrader DIR``: the course as an nbgrader source assignment.
+"""``python -m gpucourse export-nbgrader DIR``: the course as nbgrader source assignments.
 
 Our solution markers are nbgrader's (``### BEGIN SOLUTION`` / ``### END SOLUTION``), so a solutions
 notebook maps onto nbgrader's cell metadata directly::
@@ -6,12 +6,22 @@ notebook maps onto nbgrader's cell metadata directly::
     cell with a solution region  → {"solution": true,  "grade": false, "locked": false, "grade_id": "exNN_k-answer"}
     check cell "# Check NN.k"    → {"solution": false, "grade": true,  "locked": true,  "grade_id": "exNN_k",
                                     "points": <points metadata, default 1>}
-    hidden cells "# Hidden NN.k" → appended to that check cell inside
-                                    ### BEGIN HIDDEN TESTS / ### END HIDDEN TESTS
+    hidden cells "# Hidden NN.k" → left out: the judge holds them (see below)
     every other cell             → {"locked": true, ...} (the lesson text and set-up code)
 
-``solution-only`` cells are dropped. The files go to ``DIR/source/<assignment>/NN_*.ipynb``; then
-``nbgrader generate_assignment <assignment>`` in DIR makes the student version.
+One assignment per chapter (``DIR/source/00_setup/00_setup_exercises.ipynb``, …), or the chapters
+given with ``--chapter`` into one ``--assignment``. An ``nbgrader_config.py`` is written when the
+folder has none: the course id, the root, where the judge finds the course's solutions, and
+``GPUCOURSE_HIDDEN_CHECKS=1`` — so in ``nbgrader autograde`` each check cell runs its exercise's
+hidden check too, through the judge, and the cell (its ``points``) passes only when both pass: the
+same rule as ``python -m gpucourse grade --hidden``. No hidden test is ever in a notebook, so an
+untouched check cell keeps nbgrader's checksum (no "Attribute 'checksum' … has changed!" noise,
+nbgrader issue #1961), a real edit still warns, and feedback cannot show a hidden test's source.
+
+.. warning::
+   nbgrader decides inside the student's kernel (a check cell's exception is the verdict): a
+   student who patches the kernel can fake it there. ``python -m gpucourse grade`` does not have
+   that weakness (its judge runs outside every student process); prefer it for grades that count.
 """
 
 from __future__ import annotations
@@ -22,16 +32,47 @@ from pathlib import Path
 import nbformat
 
 from .exercises import CHECK_TAG, exercise_index
-from .restore import HIDDEN_HEADER, HIDDEN_TAG
+from .restore import HIDDEN_TAG
 
-__all__ = ["NBGRADER_SCHEMA", "export_nbgrader", "grade_id", "to_nbgrader"]
+__all__ = ["NBGRADER_SCHEMA", "assignment_name", "export_nbgrader", "grade_id", "to_nbgrader"]
 
 NBGRADER_SCHEMA = 3
+
+CONFIG = '''\
+# Written by `python -m gpucourse export-nbgrader`; edit freely (it is not overwritten).
+import os
+
+c = get_config()  # noqa: F821 - nbgrader's config loader provides it
+c.CourseDirectory.course_id = "gpucourse"
+c.CourseDirectory.root = {root!r}
+c.ExecutePreprocessor.timeout = 600
+# a deleted check cell is put back (as `gpucourse grade` does), not silently worth 0 points
+c.OverwriteCells.add_missing_cells = True
+
+# The course's checks are decided by a judge process that runs the course's own solutions on the
+# check's inputs (never inside the student's code): it needs to find them.
+os.environ.setdefault("GPUCOURSE_SOLUTIONS", {solutions!r})
+# Every check cell also runs its exercise's hidden check (held by the judge, never in a notebook):
+# an exercise earns its points only when both pass, as in `gpucourse grade --hidden`.
+os.environ["GPUCOURSE_HIDDEN_CHECKS"] = "1"
+
+# Feedback never shows hidden tests (the course puts none in a notebook; an instructor's own might).
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+    "nbgrader.preprocessors.ClearHiddenTests",
+]
+'''
 
 
 def grade_id(exercise: str) -> str:
     """nbgrader's id of an exercise's check (``[A-Za-z0-9_-]`` only): ``04.2`` → ``ex04_2``."""
     return "ex" + exercise.replace(".", "_")
+
+
+def assignment_name(notebook: str | Path) -> str:
+    """The assignment a chapter becomes: ``08_sharded_data_parallel_exercises.ipynb`` → ``08_sharded_data_parallel``."""
+    return Path(notebook).stem.removesuffix("_exercises")
 
 
 def _meta(grade_id: str, *, solution=False, grade=False, locked=True, points=None, task=False) -> dict:
@@ -47,12 +88,6 @@ def to_nbgrader(nb, *, name: str = "notebook"):
     index = exercise_index(nb, name=name)
     answer_of = {i: ex.id for ex in index.values() for i in ex.solution_cells}
     check_of = {ex.check_cells[0]: ex.id for ex in index.values()}
-    hidden: dict[str, list[str]] = {}
-    for cell in nb.cells:
-        first = cell.source.lstrip().splitlines()[0] if cell.source.strip() else ""
-        m = HIDDEN_HEADER.match(first) if cell.cell_type == "code" else None
-        if m and HIDDEN_TAG in cell.metadata.get("tags", []):
-            hidden.setdefault(m["id"], []).append(cell.source)
     out = copy.deepcopy(nb)
     cells = []
     answers_seen: dict[str, int] = {}
@@ -72,9 +107,6 @@ def to_nbgrader(nb, *, name: str = "notebook"):
         elif i in check_of:
             ex = check_of[i]
             points = cell.metadata.get("points", 1)
-            if hidden.get(ex):
-                cell.source = (cell.source.rstrip() + "\n\n### BEGIN HIDDEN TESTS\n"
-                               + "\n\n".join(h.strip() for h in hidden[ex]) + "\n### END HIDDEN TESTS")
             cell.metadata["nbgrader"] = _meta(grade_id(ex), grade=True, points=points)
             cell.metadata["tags"] = [t for t in tags if t != CHECK_TAG] + [CHECK_TAG]
         else:
@@ -85,17 +117,43 @@ def to_nbgrader(nb, *, name: str = "notebook"):
     return out
 
 
-def export_nbgrader(solutions: str | Path, dest: str | Path, *, assignment: str = "gpucourse") -> list[Path]:
-    """Write ``dest/source/<assignment>/NN_*.ipynb`` from ``solutions``; return the files written."""
+def export_nbgrader(dest: str | Path, *, solutions: str | Path | None = None, chapters: list[str] | None = None,
+                    assignment: str | None = None) -> list[Path]:
+    """Write ``dest/source/<assignment>/NN_*.ipynb`` (and ``dest/nbgrader_config.py`` if missing).
+
+    Args:
+        dest: the nbgrader course folder.
+        solutions: the course's solutions folder (default: the one of the course this package
+            belongs to).
+        chapters: ``["00", "08"]``; default every chapter.
+        assignment: one assignment for all the chapters; default one per chapter, named by
+            :func:`assignment_name`.
+
+    Returns the notebooks written (the config file is not in the list).
+    """
+    if solutions is None:
+        from .harness import _PACKAGE_DIR
+
+        solutions = Path(_PACKAGE_DIR).parent / "solutions"
     sources = sorted(Path(solutions).glob("[0-9][0-9]_*.ipynb"))
     if not sources:
         raise FileNotFoundError(f"no solutions notebooks (NN_*.ipynb) in {str(solutions)!r}")
-    folder = Path(dest) / "source" / assignment
-    folder.mkdir(parents=True, exist_ok=True)
+    if chapters:
+        unknown = sorted(set(chapters) - {p.name[:2] for p in sources})
+        if unknown:
+            raise ValueError(f"no chapter {', '.join(unknown)} in {str(solutions)!r} (chapters: "
+                             f"{', '.join(p.name[:2] for p in sources)})")
+        sources = [p for p in sources if p.name[:2] in chapters]
+    dest = Path(dest)
     written = []
     for src in sources:
-        nb = to_nbgrader(nbformat.read(src, as_version=4), name=src.name)
+        folder = dest / "source" / (assignment or assignment_name(src))
+        folder.mkdir(parents=True, exist_ok=True)
         path = folder / src.name
-        nbformat.write(nb, path)
+        nbformat.write(to_nbgrader(nbformat.read(src, as_version=4), name=src.name), path)
         written.append(path)
+    config = dest / "nbgrader_config.py"
+    if not config.exists():
+        config.write_text(CONFIG.format(root=str(dest.resolve()), solutions=str(Path(solutions).resolve())),
+                          encoding="utf-8")
     return written

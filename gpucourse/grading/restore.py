@@ -101,7 +101,8 @@ def parse_notebook(data: bytes, name: str = "notebook"):
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
-        raise NotANotebook(f"not valid JSON (truncated or corrupted): {e.msg} at line {e.lineno}") from None
+        raise NotANotebook(f"not valid JSON (truncated or corrupted): {e.msg} (line {e.lineno}, "
+                           f"column {e.colno})") from None
     if not isinstance(raw, dict) or "cells" not in raw or "nbformat" not in raw:
         raise NotANotebook("JSON, but not a Jupyter notebook (no 'cells'/'nbformat')")
     try:

@@ -2,8 +2,9 @@
 
 ::
 
-    grader ──Popen(start_new_session, rlimits)──► [bwrap: ro /, private /tmp + work copy, no network,
-                                                   own pid namespace, --die-with-parent]
+    grader ──Popen(start_new_session, rlimits)──► [bwrap: only /usr, /etc, Python and the package, read-
+                                                   only; private /tmp + work copy; no network; own pid
+                                                   namespace; --die-with-parent]
                                                     └─► shepherd (PR_SET_CHILD_SUBREAPER)
                                                           └─► kernel ─► whatever the notebook starts
            ◄── result JSON on a private pipe ────────────┘
@@ -88,8 +89,8 @@ def describe(mode: str, limits: Limits) -> str:
               f"files ≤ {limits.file_bytes >> 20} MB, output ≤ {limits.output_bytes >> 10} KB/cell, "
               "own session, process tree killed after each notebook")
     if mode == "bwrap":
-        return ("isolation: bwrap (read-only system and course, private /tmp and work copy, no network, "
-                f"own pid namespace) + {common}")
+        return ("isolation: bwrap (read-only system, Python and package only — no course files, no "
+                f"solutions —, private /tmp and work copy, no network, own pid namespace) + {common}")
     return (f"isolation: limits only ({common}) — install bubblewrap for filesystem and network "
             "isolation")
 
@@ -105,21 +106,36 @@ def _rlimits(limits: dict, running: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (running + limits["processes"],) * 2)
 
 
+#: the system folders a kernel needs, read-only; nothing else of the machine is visible
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def visible_paths() -> list[Path]:
+    """What a sandboxed kernel sees of the machine besides the system folders: Python, its
+    environment, and the ``gpucourse`` package itself — not the course around it (no ``solutions/``,
+    no ``.git``), not other users' or courses' files, not the other submissions."""
+    package = _GRADING_DIR.parent
+    paths = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
+             Path(sys.executable).resolve().parent, package}
+    return sorted((p for p in paths if p.exists()), key=lambda q: len(q.parts))
+
+
 def _bwrap_argv(work: Path, hide: list[Path]) -> list[str]:
-    private = ("/tmp", "/dev/shm", "/run")
-    argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    for d in private:
-        argv += ["--tmpfs", d]
-    keep = {Path(sys.prefix).resolve(), _GRADING_DIR.parent.parent}
-    # the course and its environment stay visible (read-only) even when they live under one of the
-    # private folders — a CI checkout in /tmp, a venv in /run/… — or the kernel could not start
-    needed = keep | {Path(sys.base_prefix).resolve(), Path(sys.executable).resolve().parent}
-    for path in sorted(needed, key=lambda q: len(q.parts)):
-        if path.exists() and any(path == Path(d) or Path(d) in path.parents for d in private):
+    argv = [shutil.which("bwrap") or "bwrap"]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    shown = visible_paths()
+    for path in shown:
+        if not any(str(path) == d or str(path).startswith(d + "/") for d in SYSTEM_DIRS if not os.path.islink(d)):
             argv += ["--ro-bind", str(path), str(path)]
-    for h in hide:
+    for h in hide:                       # e.g. a solutions folder that lives inside the environment
         h = h.resolve()
-        if h.exists() and not any(k == h or h in k.parents for k in keep) and str(h) != "/":
+        if h.exists() and any(s == h or s in h.parents for s in shown) and not any(
+                h == s or h in s.parents for s in shown):
             argv += ["--tmpfs", str(h)]
     argv += ["--bind", str(work), str(work), "--chdir", str(work), "--unshare-net", "--unshare-pid",
              "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"]
@@ -142,6 +158,8 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
                               "MPLBACKEND": "agg"})
     env.pop("JPY_SESSION_NAME", None)
     env.pop("GPUCOURSE_SOLUTIONS", None)          # the kernel never learns where the answers are
+    # the kernel imports the very package this grader is (whatever an editable install points at)
+    env["PYTHONPATH"] = str(_GRADING_DIR.parent.parent)
     read_fd, write_fd = os.pipe()
     env["GPUCOURSE_RESULT_FD"] = str(write_fd)
     argv = [sys.executable, "-c", _BOOT, str(_GRADING_DIR)]

@@ -9,21 +9,32 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from gpucourse.grading.exercises import BEGIN, END, make_exercise_notebook
 
 TINY = "99_tiny_exercises.ipynb"
+SETUP = "import gpucourse as gc"
+CHECK = """# Check 99.1 — square of small numbers
+def cases(rng):
+    return [(v,) for v in range(-3, 4)] + [(rng.randint(-50, 50),) for _ in range(5)]
+
+
+gc.check_exercise("99.1", square, cases, hint="multiply x by itself")"""
+HIDDEN = """# Hidden 99.1 — square of large numbers
+def hidden_cases(rng):
+    return [(10**6,), (rng.randint(10**5, 10**7),)]
+
+
+gc.check_hidden("99.1", hidden_cases)"""
 
 
 def tiny_solutions(extra_cells=(), hidden=False, points=None):
     check_meta = {"tags": ["check"], **({"points": points} if points else {})}
     cells = [
-        new_markdown_cell("# 99 · tiny\n## Exercise 99.1 — square"),
+        new_markdown_cell("# 99 · tiny"),
+        new_code_cell(SETUP),
+        new_markdown_cell("## Exercise 99.1 — square"),
         new_code_cell(f"def square(x):\n    {BEGIN}\n    return x * x\n    {END}"),
-        new_code_cell("# Check 99.1 — square of small numbers\nfor v in range(-3, 4):\n"
-                      "    assert square(v) == v * v, (v, square(v))\nprint('99.1 passed ✓')",
-                      metadata=check_meta),
+        new_code_cell(CHECK, metadata=check_meta),
     ]
     if hidden:
-        cells.append(new_code_cell("# Hidden 99.1 — square of large numbers\n"
-                                   "assert square(10**6) == 10**12, 'large inputs'",
-                                   metadata={"tags": ["hidden"]}))
+        cells.append(new_code_cell(HIDDEN, metadata={"tags": ["hidden"]}))
     cells += [*extra_cells]
     return new_notebook(cells=cells)
 
@@ -36,9 +47,7 @@ def tiny_release(tmp_path):
     rel.mkdir()
     nb = tiny_solutions(hidden=True, points=3)
     nbformat.write(nb, sol / TINY)
-    ex = make_exercise_notebook(nb, name=TINY)
-    ex.cells = [c for c in ex.cells if "hidden" not in c.metadata.get("tags", [])]
-    nbformat.write(ex, rel / TINY)
+    nbformat.write(make_exercise_notebook(nb, name=TINY), rel / TINY)
     return rel, sol
 
 
@@ -46,9 +55,10 @@ def tiny_submission(folder: Path, student: str, answer: str, extra=(), before=Fa
     """The release notebook with ``answer`` as square's body and ``extra`` cells appended (or put
     before the answer with ``before=True``)."""
     nb = nbformat.read(next(folder.parent.glob("release")) / TINY, as_version=4)
-    nb.cells[1].source = f"def square(x):\n    {answer}"
+    answer_cell = next(i for i, c in enumerate(nb.cells) if c.source.startswith("def square"))
+    nb.cells[answer_cell].source = f"def square(x):\n    {answer}"
     if before:
-        nb.cells[1:1] = [new_code_cell(src) for src in extra]
+        nb.cells[answer_cell:answer_cell] = [new_code_cell(src) for src in extra]
     else:
         nb.cells += [new_code_cell(src) for src in extra]
     path = folder / student / TINY

@@ -80,7 +80,7 @@ def corpus() -> dict[str, tuple[str, object]]:
     c["noop_assert_close"] = (CH00, _insert_after_imports(nb, "import torch\n"
                                                           "torch.testing.assert_close = lambda *a, **k: None"))
 
-    nb = solved(only={0})                               # 00.2's check compares with gc.visible_devices
+    nb = solved(only={0})                               # 00.2 is wrong, and its old reference is rebound
     c["rebind_gc"] = (CH00, _insert_after_imports(
         nb, "import gpucourse as gc\ngc.visible_devices = lambda spec: {}\n"
             "def physical_gpu(spec, logical):\n    raise IndexError(logical)"))
@@ -130,9 +130,9 @@ EXPECTED = {
     "fake_checks": (0, "graded", ["edited"]),
     "deleted_check": (1, "graded", ["deleted"]),
     "custom_exc": (0, "graded", []),
-    "noop_assert_close": (0, "tampered", ["tampered: torch.testing.assert_close was replaced in cell 2"]),
-    "rebind_gc": (0, "tampered", ["tampered: gc.visible_devices was replaced in cell 2"]),
-    "input_transformer": (0, "tampered", ["IPython input transformers were changed in cell 2"]),
+    "noop_assert_close": (0, "graded", ["not implemented yet"]),
+    "rebind_gc": (1, "graded", []),                  # 00.1 solved: rebinding a gc helper costs nothing else
+    "input_transformer": (0, "graded", ["sent no values"]),
     "excepthook": (0, "graded", []),
     "moved_answers": (3, "graded", []),
     "reordered": (3, "graded", []),

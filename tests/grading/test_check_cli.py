@@ -1,4 +1,4 @@
-"""`python -m gpucourse check`: the learner's and instructor's grading command."""
+"""`python -m gpucourse check`: the learner's self-check, decided by the same judge as `grade`."""
 
 import subprocess
 import sys
@@ -7,67 +7,101 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from gpucourse.grading.exercises import BEGIN, END, make_exercise_notebook
 
-def _nb(solution_body, extra_cells=()):
+NAME = "98_two_exercises.ipynb"
+
+
+def _solutions():
     return new_notebook(cells=[
-        new_markdown_cell("## Exercise 99.1 — square"),
-        new_code_cell(f"def square(x):\n    {solution_body}"),
-        new_code_cell("# Check 99.1 — square on random inputs\nimport random\n"
-                      "for _ in range(20):\n    v = random.randint(-99, 99)\n"
-                      "    assert square(v) == v * v, (v, square(v))\nprint('99.1 passed')",
+        new_code_cell("import gpucourse as gc"),
+        new_markdown_cell("## Exercise 98.1 — square"),
+        new_code_cell(f"def square(x):\n    {BEGIN}\n    return x * x\n    {END}"),
+        new_code_cell("# Check 98.1 — square on random inputs\ndef cases(rng):\n"
+                      "    return [(rng.randint(-99, 99),) for _ in range(20)]\n\n"
+                      "gc.check_exercise('98.1', square, cases)", metadata={"tags": ["check"]}),
+        new_code_cell("# Hidden 98.1 — large\ngc.check_hidden('98.1', lambda rng: [(10**9,)])",
+                      metadata={"tags": ["hidden"]}),
+        new_markdown_cell("## Exercise 98.2 — negate"),
+        new_code_cell(f"def neg(x):\n    {BEGIN}\n    return -x\n    {END}"),
+        new_code_cell("# Check 98.2 — negate\ngc.check_exercise('98.2', neg, lambda rng: [(3,), (-2,), (0,)])",
                       metadata={"tags": ["check"]}),
-        *extra_cells,
-        new_markdown_cell("## Exercise 99.2 — negate"),
-        new_code_cell("def neg(x):\n    return -x"),
-        new_code_cell("# Check 99.2 — negate\nassert neg(3) == -3", metadata={"tags": ["check"]}),
+        new_code_cell("# Hidden 98.2 — floats\ngc.check_hidden('98.2', lambda rng: [(1.5,)])",
+                      metadata={"tags": ["hidden"]}),
     ])
 
 
-def _run(tmp_path, nb, name="sub.ipynb"):
-    path = tmp_path / name
+@pytest.fixture
+def course(tmp_path):
+    sol, rel = tmp_path / "solutions", tmp_path / "exercises"
+    sol.mkdir()
+    rel.mkdir()
+    nbformat.write(_solutions(), sol / NAME)
+    nbformat.write(make_exercise_notebook(_solutions(), name=NAME), rel / NAME)
+    return tmp_path
+
+
+def _submission(course, square_body, neg_body="return -x", extra_cells=(), name=NAME):
+    nb = nbformat.read(course / "exercises" / NAME, as_version=4)
+    for cell in nb.cells:
+        if cell.source.startswith("def square"):
+            cell.source = f"def square(x):\n    {square_body}"
+        elif cell.source.startswith("def neg"):
+            cell.source = f"def neg(x):\n    {neg_body}"
+    at = next(i for i, c in enumerate(nb.cells) if c.source.startswith("## Exercise 98.2"))
+    nb.cells[at:at] = list(extra_cells)
+    path = course / "work" / name
+    path.parent.mkdir(exist_ok=True)
     nbformat.write(nb, path)
-    return subprocess.run([sys.executable, "-m", "gpucourse", "check", str(path)],
-                          capture_output=True, text=True, timeout=180)
+    return path
 
 
-def test_completed_notebook_passes(tmp_path):
-    r = _run(tmp_path, _nb("return x * x"))
+def _check(course, *paths, args=()):
+    return subprocess.run([sys.executable, "-m", "gpucourse", "check", "--release", str(course / "exercises"),
+                           "--solutions", str(course / "solutions"), *args, *map(str, paths)],
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_completed_notebook_passes(course):
+    r = _check(course, _submission(course, "return x * x"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "99.1  ✓  square on random inputs" in r.stdout and "2 of 2 checks pass" in r.stdout
+    assert "98.1  ✓  square on random inputs" in r.stdout and "2 of 2 checks pass" in r.stdout
 
 
 @pytest.mark.parametrize("body, error", [
-    ('raise NotImplementedError("Exercise 99.1")', "NotImplementedError: Exercise 99.1"),
-    ("return 4", "AssertionError"),                 # a constant answer fails
-    ("return abs(x) * 2", "AssertionError"),
+    ('raise NotImplementedError("Exercise 98.1")', "not implemented yet"),
+    ("return 4", "expected"),                              # a constant answer fails, saying what was expected
+    ("return abs(x) * 2", "expected"),
 ])
-def test_unfinished_or_wrong_notebook_fails_at_its_check(tmp_path, body, error):
-    r = _run(tmp_path, _nb(body))
+def test_unfinished_or_wrong_notebook_fails_at_its_check(course, body, error):
+    r = _check(course, _submission(course, body))
     assert r.returncode == 1
-    line = next(l for l in r.stdout.splitlines() if "99.1" in l)
-    assert "✗" in line and error in line
-    assert "99.2  ✓" in r.stdout                      # the other exercise is still graded
+    line = next(l for l in r.stdout.splitlines() if "98.1" in l)
+    assert "✗" in line and error in line, line
+    assert "98.2  ✓" in r.stdout                          # the other exercise is still graded
 
 
-def test_error_in_a_non_check_cell_is_reported(tmp_path):
-    r = _run(tmp_path, _nb("return x * x", [new_code_cell("1 / 0")]))
+def test_error_in_a_non_check_cell_is_reported(course):
+    r = _check(course, _submission(course, "return x * x", extra_cells=[new_code_cell("1 / 0")]))
     assert r.returncode == 1 and "(not a check cell) — ZeroDivisionError" in r.stdout
 
 
-def test_notebook_without_checks_fails(tmp_path):
-    r = _run(tmp_path, new_notebook(cells=[new_code_cell("x = 1")]))
-    assert r.returncode == 1 and "no check cells" in r.stdout
+def test_notebook_of_no_course_chapter_fails(course):
+    path = course / "work" / "mine.ipynb"
+    path.parent.mkdir(exist_ok=True)
+    nbformat.write(new_notebook(cells=[new_code_cell("x = 1")]), path)
+    r = _check(course, path)
+    assert r.returncode == 1 and "no release" in r.stdout
 
 
-def test_folder_of_submissions_gives_summary(tmp_path):
-    nbformat.write(_nb("return x * x"), tmp_path / "alice.ipynb")
-    nbformat.write(_nb("return 0"), tmp_path / "bob.ipynb")
-    r = subprocess.run([sys.executable, "-m", "gpucourse", "check", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300)
+def test_folder_of_submissions_gives_summary(course):
+    _submission(course, "return x * x", name="98_alice.ipynb")
+    _submission(course, "return 0", name="98_bob.ipynb")
+    r = _check(course, course / "work")
     assert r.returncode == 1
     summary = r.stdout.split("summary")[1]
-    assert "✓  2/2" in summary and "alice.ipynb" in summary
-    assert "✗  1/2" in summary and "bob.ipynb" in summary
+    assert "✓  2/2" in summary and "98_alice.ipynb" in summary
+    assert "✗  1/2" in summary and "98_bob.ipynb" in summary
 
 
 def test_missing_file(tmp_path):
@@ -76,30 +110,30 @@ def test_missing_file(tmp_path):
     assert r.returncode == 2 and "no such file" in r.stderr
 
 
-def test_hanging_cell_is_stopped_by_the_cell_timeout(tmp_path):
-    nb = _nb("return x * x")
-    nb.cells.insert(3, new_code_cell("import time\ntime.sleep(120)"))
-    path = tmp_path / "slow.ipynb"
-    nbformat.write(nb, path)
-    r = subprocess.run([sys.executable, "-m", "gpucourse", "check", "--cell-timeout", "3", str(path)],
-                       capture_output=True, text=True, timeout=120)
+def test_hanging_cell_is_stopped_by_the_cell_timeout(course):
+    path = _submission(course, "return x * x", extra_cells=[new_code_cell("import time\ntime.sleep(120)")])
+    r = _check(course, path, args=["--cell-timeout", "3"])
     assert r.returncode == 1
-    assert "99.1  ✓" in r.stdout                       # ran before the hang
-    assert "99.2  ✗" in r.stdout and "not run: a cell ran longer than 3 s" in r.stdout
+    assert "98.1  ✓" in r.stdout                          # ran before the hang
+    assert "98.2  ✗" in r.stdout and "did not run: a cell ran longer than 3 s" in r.stdout
 
 
-def test_stored_outputs_of_an_unrun_check_do_not_count_as_passed(tmp_path):
-    """A shipped exercises notebook stores the solution's check output; a check the run never
-    reached (here: after a hanging cell) must be graded as not run, not as passed."""
-    nb = _nb("return x * x")
-    nb.cells.insert(3, new_code_cell("import time\ntime.sleep(120)"))
+def test_stored_outputs_of_an_unrun_check_do_not_count_as_passed(course):
+    """A check the run never reached (after a hanging cell) is not run, whatever its stored output says."""
+    path = _submission(course, "return x * x", extra_cells=[new_code_cell("import time\ntime.sleep(120)")])
+    nb = nbformat.read(path, as_version=4)
     for count, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
-        cell.execution_count = count + 1          # as stored by the solution run
-        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="99.x passed\n")]
-    path = tmp_path / "stale.ipynb"
+        cell.execution_count = count + 1
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="98.2 passed ✓\n")]
     nbformat.write(nb, path)
-    r = subprocess.run([sys.executable, "-m", "gpucourse", "check", "--cell-timeout", "3", str(path)],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1
-    assert "99.1  ✓" in r.stdout
-    assert "99.2  ✗" in r.stdout and "not run: a cell ran longer than 3 s" in r.stdout
+    r = _check(course, path, args=["--cell-timeout", "3"])
+    assert r.returncode == 1 and "98.2  ✗" in r.stdout
+
+
+def test_same_seed_same_inputs(course):
+    """A wrong answer that is right on some inputs: the failure names the seed, and that seed reproduces it."""
+    path = _submission(course, "return x * x if x % 3 else 0")
+    first = _check(course, path, args=["--seed", "5"])
+    again = _check(course, path, args=["--seed", "5"])
+    line = next(l for l in first.stdout.splitlines() if "98.1" in l)
+    assert line == next(l for l in again.stdout.splitlines() if "98.1" in l)

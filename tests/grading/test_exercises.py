@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from gpucourse.grading.check import run_notebook
+from gpucourse.grading.selfcheck import run_notebook
 from gpucourse.grading.exercises import (BEGIN, END, ExerciseFormatError, exercise_index,
                                  generate_exercises, make_exercise_notebook, strip_solutions)
 

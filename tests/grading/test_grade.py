@@ -1,7 +1,8 @@
 """`python -m gpucourse grade`: a class of cheating, broken and honest submissions is graded right.
 
 The corpus is generated from the shipped exercises (tests/grading/make_corpus.py); every row of
-issue 13's table is in it. Each of these fails on the old `check` (it trusted the notebook).
+issue 13's table is in it. The attacks of issue 28 (every grading mode, six chapters) are in
+``test_attacks.py``.
 """
 
 import json
@@ -61,8 +62,7 @@ def test_corpus_exit_status_csv_and_feedback(graded_corpus):
     code, rows, root = graded_corpus
     assert code == 2                                  # unreadable submissions are input errors
     header = (root / "grades.csv").read_text().splitlines()[0]
-    assert header == ("student,notebook,exercise,title,visible,hidden,points,max,hidden_points,"
-                      "hidden_max,seconds,error,restored,status")
+    assert header == "student,notebook,exercise,title,visible,hidden,points,max,seconds,error,restored,status"
     feedback = (root / "feedback" / "deleted_check.md").read_text()
     assert "00.1" in feedback and "deleted" in feedback and "NotImplementedError" in feedback
 
@@ -76,37 +76,41 @@ def test_hidden_checks_points_and_feedback(tiny_release, tmp_path, capsys):
     out = tmp_path / "g.json"
     code = grade([str(subs)], release=str(rel), hidden_from=str(sol), workers=2, json_path=str(out),
                  feedback=str(tmp_path / "fb"), options=Options(cell_timeout=60, notebook_timeout=120))
+    seed = json.loads(out.read_text())["seed"]
     rows = {r["student"]: r for r in _rows(out)}
     assert code == 1
     assert rows["good"]["visible"] == "✓" and rows["good"]["hidden"] == "✓"
-    assert rows["good"]["points"] == 3 and rows["good"]["hidden_points"] == 3      # points metadata
+    assert rows["good"]["points"] == rows["good"]["max"] == 3                       # points metadata
     assert rows["planted"]["visible"] == "✓" and rows["planted"]["hidden"] == "✗"
-    assert rows["planted"]["hidden_points"] == 0 and rows["planted"]["points"] == 3
+    assert rows["planted"]["points"] == 0 and rows["planted"]["max"] == 3           # both must pass
     fb = (tmp_path / "fb" / "planted.md").read_text()
-    assert "large inputs" in fb and "10**6" not in fb      # the message, never the hidden source
+    assert "hidden check of 99.1" in fb and "square(1000000)" in fb     # which case failed, and how
+    assert "hidden_cases" not in fb and "10**6" not in fb               # never the hidden source
+    assert isinstance(seed, int) and f"seed {seed}" in fb
 
 
 def test_all_passed_exits_0_and_usage_exits_2(tiny_release, tmp_path):
-    rel, _ = tiny_release
+    rel, sol = tiny_release
     subs = tmp_path / "subs"
     tiny_submission(subs, "good", "return x * x")
     opts = Options(cell_timeout=60, notebook_timeout=120)
-    assert grade([str(subs)], release=str(rel), workers=1, options=opts) == 0
-    assert grade([str(tmp_path / "nope")], release=str(rel), options=opts) == 2
+    assert grade([str(subs)], release=str(rel), solutions=str(sol), workers=1, options=opts) == 0
+    assert grade([str(tmp_path / "nope")], release=str(rel), solutions=str(sol), options=opts) == 2
+    assert grade([str(subs)], release=str(rel), solutions=str(tmp_path / "nope"), options=opts) == 2
     r = subprocess.run([sys.executable, "-m", "gpucourse", "grade", str(subs), "--workers", "0"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--workers" in r.stderr
 
 
 def test_workers_are_concurrent_and_budget_holds(tiny_release, tmp_path):
-    rel, _ = tiny_release
+    rel, sol = tiny_release
     subs = tmp_path / "subs"
     for s in ("a", "b"):
         tiny_submission(subs, s, "return x * x", extra=["import time\ntime.sleep(6)"])
     tiny_submission(subs, "slow", "return x * x", extra=["import time\ntime.sleep(4)"] * 5, before=True)
     out = tmp_path / "g.json"
     started = time.monotonic()
-    grade([str(subs)], release=str(rel), workers=3, json_path=str(out),
+    grade([str(subs)], release=str(rel), solutions=str(sol), workers=3, json_path=str(out),
           options=Options(cell_timeout=60, notebook_timeout=12))
     elapsed = time.monotonic() - started
     rows = {r["student"]: r for r in _rows(out)}
@@ -118,11 +122,11 @@ def test_workers_are_concurrent_and_budget_holds(tiny_release, tmp_path):
 
 
 def test_huge_output_is_truncated_and_graded(tiny_release, tmp_path):
-    rel, _ = tiny_release
+    rel, sol = tiny_release
     subs = tmp_path / "subs"
     tiny_submission(subs, "loud", "return x * x", extra=["print('x' * 100_000_000)"])
     out = tmp_path / "g.json"
-    grade([str(subs)], release=str(rel), workers=1, json_path=str(out),
+    grade([str(subs)], release=str(rel), solutions=str(sol), workers=1, json_path=str(out),
           options=Options(cell_timeout=60, notebook_timeout=120))
     row = _rows(out)[0]
     assert row["visible"] == "✓", row
@@ -153,12 +157,12 @@ time.sleep(0.5)"""
 @pytest.mark.parametrize("bwrap", [False, pytest.param(True, marks=pytest.mark.skipif(
     not HAVE_BWRAP, reason=NO_BWRAP))])
 def test_no_process_outlives_its_notebook(tiny_release, tmp_path, bwrap):
-    rel, _ = tiny_release
+    rel, sol = tiny_release
     subs = tmp_path / "subs"
     m1, m2 = f"600.{uuid.uuid4().int % 10**6}", f"601.{uuid.uuid4().int % 10**6}"
     tiny_submission(subs, "escaper", "return x * x", extra=[ESCAPE.format(m1=m1, m2=m2)])
     try:
-        grade([str(subs)], release=str(rel), workers=1,
+        grade([str(subs)], release=str(rel), solutions=str(sol), workers=1,
               options=Options(cell_timeout=60, notebook_timeout=120, use_bwrap=bwrap))
         time.sleep(0.5)
         assert _alive(m1) == [] and _alive(m2) == []
@@ -169,7 +173,7 @@ def test_no_process_outlives_its_notebook(tiny_release, tmp_path, bwrap):
 
 @pytest.mark.skipif(not HAVE_BWRAP, reason=NO_BWRAP)
 def test_sandbox_blocks_other_files_outside_writes_and_network(tiny_release, tmp_path):
-    rel, _ = tiny_release
+    rel, sol = tiny_release
     subs = tmp_path / "subs"
     victim = tiny_submission(subs, "victim", "return x * x")
     before = victim.read_bytes()
@@ -193,7 +197,7 @@ for host in ["127.0.0.1"] + socket.gethostbyname_ex(socket.gethostname())[2]:
         print("no network", host, e)"""
     tiny_submission(subs, "attacker", "return x * x", extra=[attack])
     out = tmp_path / "g.json"
-    grade([str(subs)], release=str(rel), workers=2, json_path=str(out),
+    grade([str(subs)], release=str(rel), solutions=str(sol), workers=2, json_path=str(out),
           options=Options(cell_timeout=60, notebook_timeout=120))
     rows = {r["student"]: r for r in _rows(out)}
     assert rows["victim"]["visible"] == "✓" and victim.read_bytes() == before
@@ -217,13 +221,15 @@ def test_console_script_and_help():
 def test_check_this_notebook_from_a_cell(tiny_release, tmp_path, monkeypatch, capsys):
     import gpucourse as gc
 
-    rel, _ = tiny_release
+    rel, sol = tiny_release
+    monkeypatch.setenv("GPUCOURSE_SOLUTIONS", str(sol))
     path = tiny_submission(tmp_path / "subs", "me", "return x * x")
+    (tmp_path / "subs" / "me" / "exercises").symlink_to(rel)       # the release next to the notebook
     monkeypatch.setenv("JPY_SESSION_NAME", str(path))
     assert gc.check_this_notebook() is True
     out = capsys.readouterr().out
     assert "99.1  ✓" in out and "1 of 1 checks pass" in out
-    bad = tiny_submission(tmp_path / "subs", "other", "return 0")
+    bad = tiny_submission(tmp_path / "subs", "me", "return 0")
     assert gc.check(bad) is False
     monkeypatch.delenv("JPY_SESSION_NAME")
     with pytest.raises(RuntimeError, match="gc.check"):
@@ -245,24 +251,58 @@ def test_shipped_exercises_look_unsolved_and_say_what_a_pass_prints():
             if "check" in cell.metadata.get("tags", []):
                 meta = cell.metadata["gpucourse"]
                 assert meta["hash"] == check_hash(cell.source)
-                assert f"the check prints `{meta['exercise']} passed ✓`" in text or \
-                    f"check cell prints `{meta['exercise']} passed ✓`" in text
+                assert f"check cell prints `{meta['exercise']} passed ✓`" in text
 
 
 def test_file_size_limit_applies_to_the_notebook(tiny_release, tmp_path):
-    from gpucourse.grading.grade import Submission, grade_notebook
+    from gpucourse.grading.grade import Judges, Submission, grade_notebook
     from gpucourse.grading.restore import load_releases
     from gpucourse.grading.sandbox import Limits
 
-    rel, _ = tiny_release
+    rel, sol = tiny_release
     path = tiny_submission(tmp_path / "subs", "big", "return x * x",
                            extra=["open('big.bin', 'wb').write(b'0' * 3_000_000)"])
-    g = grade_notebook(Submission("big", path, path.read_bytes()), load_releases(rel), hidden=None,
-                       options=Options(cell_timeout=60, notebook_timeout=120,
-                                       limits=Limits(file_bytes=1 << 20)),
-                       mode=isolation(), work_root=tmp_path)
+    judges = Judges(str(sol), seed=1)
+    try:
+        g = grade_notebook(Submission("big", path, path.read_bytes()), load_releases(rel), judges=judges,
+                           hidden=False, options=Options(cell_timeout=60, notebook_timeout=120,
+                                                         limits=Limits(file_bytes=1 << 20)),
+                           mode=isolation(), work_root=tmp_path)
+    finally:
+        judges.close()
     assert g.rows[0].visible == "✓"
     assert any("File too large" in err for _, err in g.others), g.others
+
+
+def test_grade_refuses_to_run_unsandboxed_unless_told(tiny_release, tmp_path, monkeypatch, capsys):
+    """Without bwrap a submission could read the answers: grade refuses, --no-bwrap overrides."""
+    from gpucourse.grading import grade as grade_module
+
+    rel, sol = tiny_release
+    tiny_submission(tmp_path / "subs", "good", "return x * x")
+    monkeypatch.setattr(grade_module, "isolation", lambda use_bwrap=True: "limits")
+    opts = Options(cell_timeout=60, notebook_timeout=120)
+    assert grade([str(tmp_path / "subs")], release=str(rel), solutions=str(sol), options=opts) == 2
+    assert "bubblewrap" in capsys.readouterr().err
+    assert grade([str(tmp_path / "subs")], release=str(rel), solutions=str(sol), options=opts,
+                 allow_unisolated=True) == 0
+
+
+def test_the_recorded_seed_reproduces_a_grade(tiny_release, tmp_path):
+    """Inputs come from the grader's seed (recorded in the gradebook): the same seed, the same
+    verdict and message; another seed, other inputs."""
+    rel, sol = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "flaky", "return x * x if abs(x) <= 3 or x % 2 == 0 else -1")   # wrong on some inputs
+    opts = Options(cell_timeout=60, notebook_timeout=120)
+    errors = []
+    for seed in (3, 3, 4):
+        out = tmp_path / f"g{len(errors)}.json"
+        grade([str(subs)], release=str(rel), solutions=str(sol), options=opts, json_path=str(out), seed=seed)
+        data = json.loads(out.read_text())
+        assert data["seed"] == seed
+        errors.append(data["rows"][0]["error"])
+    assert errors[0] == errors[1] and errors[0] != errors[2]
 
 
 def test_grader_process_never_imports_torch(tmp_path):
@@ -283,3 +323,71 @@ def test_grader_process_never_imports_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "2 0 0 True", r.stdout + r.stderr
+
+
+def test_students_come_from_folders_in_every_form_of_the_command_line(tmp_path):
+    """`grade subs/`, `grade subs/*`, single files and flat folders all name the same students."""
+    from gpucourse.grading.grade import discover
+
+    subs = tmp_path / "subs"
+    for student in ("alice", "bob"):
+        (subs / student).mkdir(parents=True)
+        (subs / student / "00_setup_exercises.ipynb").write_text("{}")
+        (subs / student / "03_balanced_data_parallel_exercises.ipynb").write_text("{}")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "carol.ipynb").write_text("{}")
+    (flat / "dave.ipynb").write_text("{}")
+    every = {("alice", "00"), ("alice", "03"), ("bob", "00"), ("bob", "03")}
+
+    def students(args):
+        return {(s.student, s.path.name[:2]) for s in discover([str(a) for a in args])}
+
+    assert students([subs]) == every
+    assert students(sorted(subs.iterdir())) == every                       # subs/* from a shell
+    assert students(sorted(subs.glob("*/*.ipynb"))) == every              # subs/*/*.ipynb
+    assert students([subs / "alice" / "00_setup_exercises.ipynb"]) == {("alice", "00")}
+    assert {s.student for s in discover([str(flat)])} == {"carol", "dave"}
+    assert {s.student for s in discover(sorted(map(str, flat.iterdir())))} == {"carol", "dave"}
+    assert len(discover([str(subs), str(subs / "alice")])) == 4              # a file named twice: once
+
+
+def test_a_chapter_handed_in_twice_is_flagged(tmp_path):
+    from gpucourse.grading.grade import discover
+
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "alice" / "00_setup_exercises.ipynb").write_text("{}")
+    (tmp_path / "alice" / "00_setup_exercises (copy).ipynb").write_text("{}")
+    subs = discover([str(tmp_path)])
+    assert [s.problem.startswith("duplicate") for s in subs] == [False, True]
+
+
+def test_an_unreadable_notebook_scores_zero_of_its_chapter_and_is_named(tmp_path, capsys):
+    subs = tmp_path / "subs"
+    (subs / "alice").mkdir(parents=True)
+    (subs / "alice" / "00_setup_exercises.ipynb").write_bytes(b'{"cells": [{"cell_type": "code", "sou')
+    out, fb = tmp_path / "g.json", tmp_path / "fb"
+    code = grade([str(subs)], release=str(ROOT / "exercises"), json_path=str(out), feedback=str(fb),
+                 options=Options(cell_timeout=60, notebook_timeout=120))
+    rows = _rows(out)
+    assert code == 2
+    assert [r["exercise"] for r in rows] == ["00.1", "00.2", "00.3"] and sum(r["max"] for r in rows) == 3
+    assert all(r["points"] == 0 and r["status"] == "unreadable" for r in rows)
+    assert "00_setup_exercises.ipynb" in rows[0]["error"] and "at at" not in rows[0]["error"]
+    text = (fb / "alice.md").read_text()
+    assert "0 / 3" in text and "00_setup_exercises.ipynb" in text
+    assert "gradebook written to" in capsys.readouterr().out
+
+
+def test_html_feedback_is_rendered_and_escapes_what_a_student_printed(tmp_path):
+    from gpucourse.grading.gradebook import Row, write_feedback
+
+    rows = [Row("eve", "00_setup_exercises.ipynb", "00.1", "mean", "✗", "", 0, 1, 0.5,
+                "00.1, case 1 of 2: expected <b>1</b>", "edited", "graded",
+                message="00.1 failed\n<script>alert('x')</script>\n| a | b |")]
+    path, = write_feedback(rows, tmp_path, fmt="html")
+    page = path.read_text()
+    assert "<table>" in page and "<pre>" not in page.split("<h2")[0]          # a real table, not raw text
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "<b>1</b>" not in page and "&lt;b&gt;1&lt;/b&gt;" in page
+    assert "check cell edited — restored; 00.1" in page and "restored; |" not in page

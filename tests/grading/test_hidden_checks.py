@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from gpucourse.grading.check import run_notebook
+from gpucourse.grading.selfcheck import run_notebook
 from gpucourse.grading.exercises import (
     BEGIN,
     END,

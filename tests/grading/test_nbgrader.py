@@ -1,4 +1,4 @@
-"""`export-nbgrader`: the metadata format, and a round trip through the real nbgrader."""
+"""`export-nbgrader`: the metadata format, and one class graded the same by real nbgrader and `grade`."""
 
 import json
 import os
@@ -13,78 +13,118 @@ from _grading_helpers import tiny_solutions
 
 from gpucourse.grading.grade import Options, grade
 from gpucourse.grading.nbgrader import export_nbgrader, grade_id, to_nbgrader
+from gpucourse.grading.sandbox import isolation
 
 ROOT = Path(__file__).resolve().parents[2]
-CHAPTERS = ["00_setup_exercises.ipynb", "03_balanced_data_parallel_exercises.ipynb"]
+CHAPTER = "00_setup_exercises.ipynb"
 
 
-def test_metadata_format_and_hidden_tests():
+def test_metadata_format_and_no_hidden_tests():
     nb = tiny_solutions(hidden=True, points=2)
     nb.cells.append(nbformat.v4.new_code_cell("print('secret')", metadata={"tags": ["solution-only"]}))
     out = to_nbgrader(nb, name="99_tiny_exercises.ipynb")
     meta = [c.metadata.get("nbgrader") for c in out.cells]
     assert all(m and m["schema_version"] == 3 for m in meta)
-    answer, check = out.cells[1], out.cells[2]
+    answer = next(c for c in out.cells if c.source.startswith("def square"))
+    check = next(c for c in out.cells if c.source.startswith("# Check"))
     assert answer.metadata["nbgrader"] == {"grade": False, "grade_id": "ex99_1-answer", "locked": False,
                                            "schema_version": 3, "solution": True, "task": False}
     assert check.metadata["nbgrader"] == {"grade": True, "grade_id": "ex99_1", "locked": True, "points": 2,
                                           "schema_version": 3, "solution": False, "task": False}
-    assert "### BEGIN HIDDEN TESTS\n# Hidden 99.1" in check.source and check.source.endswith(
-        "### END HIDDEN TESTS")
-    assert len(out.cells) == 3                         # hidden cell folded in, solution-only dropped
+    text = "".join(c.source for c in out.cells)
+    assert "Hidden" not in text and "HIDDEN TESTS" not in text and "secret" not in text
     ids = [m["grade_id"] for m in meta]
     assert len(set(ids)) == len(ids) and all(all(ch.isalnum() or ch in "_-" for ch in i) for i in ids)
 
 
-def test_export_writes_source_assignment(tmp_path):
-    written = export_nbgrader(ROOT / "solutions", tmp_path, assignment="week1")
-    assert [p.name for p in written] == sorted(p.name for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
-    assert all(p.parent == tmp_path / "source" / "week1" for p in written)
+def test_export_one_assignment_per_chapter_and_a_config(tmp_path):
+    written = export_nbgrader(tmp_path)                          # finds the course's solutions itself
+    chapters = sorted(p.name for p in (ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+    assert [p.name for p in written] == chapters
+    assert {p.parent.name for p in written} == {n.removesuffix("_exercises.ipynb") for n in chapters}
+    config = (tmp_path / "nbgrader_config.py").read_text()
+    assert "course_id" in config and str(tmp_path.resolve()) in config and "GPUCOURSE_HIDDEN_CHECKS" in config
+    (tmp_path / "nbgrader_config.py").write_text("# mine\n")
+    some = export_nbgrader(tmp_path / "x", chapters=["03", "00"], assignment="week1")
+    assert [p.relative_to(tmp_path / "x").as_posix() for p in some] == [
+        "source/week1/00_setup_exercises.ipynb", "source/week1/03_balanced_data_parallel_exercises.ipynb"]
+    export_nbgrader(tmp_path, chapters=["00"])
+    assert (tmp_path / "nbgrader_config.py").read_text() == "# mine\n"            # never overwritten
+    with pytest.raises(ValueError, match="no chapter 42"):
+        export_nbgrader(tmp_path, chapters=["42"])
     with pytest.raises(FileNotFoundError):
-        export_nbgrader(tmp_path / "nothing", tmp_path)
+        export_nbgrader(tmp_path, solutions=tmp_path / "nothing")
 
 
 NBGRADER = shutil.which("nbgrader", path=str(Path(sys.executable).parent))
 
 
+def _class(release: Path) -> dict[str, object]:
+    """student → the notebook they hand in: honest, blank, one wrong answer, one deleted check."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from make_corpus import _answers
+
+    def filled(nb, skip=()):
+        answers = iter(_answers(CHAPTER))
+        for cell in nb.cells:
+            if cell.cell_type == "code" and 'raise NotImplementedError("Exercise' in cell.source:
+                answer = next(answers)
+                if cell.metadata.get("nbgrader", {}).get("grade_id", "").removeprefix("ex") not in skip:
+                    cell.source = answer
+        return nb
+
+    blank = nbformat.read(release, as_version=4)
+    honest = filled(nbformat.read(release, as_version=4))
+    wrong = filled(nbformat.read(release, as_version=4))
+    for cell in wrong.cells:                         # 00.2: Python's negative indexing (cuda:-1 visible)
+        if cell.source.startswith("def physical_gpu"):
+            cell.source = ("def physical_gpu(spec, logical):\n    ids = [int(x) for x in spec.split(',') if x.strip()]\n"
+                           "    if logical >= len(ids):\n        raise IndexError(logical)\n    return ids[logical]")
+    deleted = filled(nbformat.read(release, as_version=4))
+    deleted.cells = [c for c in deleted.cells if not c.source.startswith("# Check 00.3")]
+    return {"honest": honest, "blank": blank, "wrong": wrong, "deleted": deleted}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(NBGRADER is None, reason="nbgrader (test extra, 0.9.x) is not installed")
-def test_nbgrader_agrees_with_our_grader(tmp_path):
-    sol = tmp_path / "sol"
-    sol.mkdir()
-    for name in CHAPTERS:
-        shutil.copy(ROOT / "solutions" / name, sol / name)
+@pytest.mark.skipif(isolation() != "bwrap", reason="grade needs bwrap (Debian package bubblewrap)")
+def test_nbgrader_and_grade_give_the_same_points_exercise_by_exercise(tmp_path):
     course = tmp_path / "course"
-    export_nbgrader(sol, course, assignment="a1")
-    (course / "nbgrader_config.py").write_text('c = get_config()\nc.CourseDirectory.course_id = "gpucourse"\n'
-                                               "c.ExecutePreprocessor.timeout = 300\n")
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    export_nbgrader(course, chapters=["00"])
+    assignment = "00_setup"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", PYTHONWARNINGS="error::Warning:sqlalchemy")
     run = lambda *args: subprocess.run([NBGRADER, *args], cwd=course, env=env, capture_output=True,
                                        text=True, timeout=900)
-    r = run("generate_assignment", "a1", "--force")
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = run("generate_assignment", assignment, "--force")
+    assert r.returncode == 0, r.stderr[-3000:]
     ours = tmp_path / "ours"
-    for student, folder in (("solved", "source"), ("unsolved", "release")):
-        (course / "submitted" / student / "a1").mkdir(parents=True)
-        for name in CHAPTERS:
-            shutil.copy(course / folder / "a1" / name, course / "submitted" / student / "a1" / name)
-            (ours / student).mkdir(parents=True, exist_ok=True)
-            shutil.copy(course / folder / "a1" / name, ours / student / name)
-    r = run("autograde", "a1", "--create", "--force")
-    assert r.returncode == 0, r.stderr[-2000:]
+    for student, nb in _class(course / "release" / assignment / CHAPTER).items():
+        for folder in (course / "submitted" / student / assignment, ours / student):
+            folder.mkdir(parents=True)
+            nbformat.write(nb, folder / CHAPTER)
+    r = run("autograde", assignment, "--create", "--force")
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    assert "checksum" not in log.replace("check cell", "")  .lower() or log.count("has changed") == 1, log[-3000:]
+    assert "SAWarning" not in log, log[-3000:]
+    r = run("generate_feedback", assignment, "--force")
+    assert r.returncode == 0, r.stderr[-3000:]
+    feedback = "".join(p.read_text() for p in (course / "feedback").rglob("*.html"))
+    assert "check_hidden" not in feedback and "BEGIN HIDDEN TESTS" not in feedback
     from nbgrader.api import Gradebook
 
     theirs = {}
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        for student in ("solved", "unsolved"):
-            for nb in gb.find_submission("a1", student).notebooks:
+        for student in ("honest", "blank", "wrong", "deleted"):
+            for nb in gb.find_submission(assignment, student).notebooks:
                 for g in nb.grades:
-                    theirs[(student, g.name)] = g.score == g.max_score
+                    theirs[(student, g.name)] = g.score
     out = tmp_path / "ours.json"
-    grade([str(ours)], release=str(ROOT / "exercises"), workers=2, json_path=str(out),
-          options=Options(cell_timeout=300, notebook_timeout=600))
-    mine = {(r["student"], grade_id(r["exercise"])): r["visible"] == "✓"
-            for r in json.loads(out.read_text())["rows"]}
+    grade([str(ours)], release=str(ROOT / "exercises"), hidden_from=str(ROOT / "solutions"), workers=2,
+          json_path=str(out), options=Options(cell_timeout=300, notebook_timeout=600))
+    mine = {(r["student"], grade_id(r["exercise"])): r["points"] for r in json.loads(out.read_text())["rows"]}
     assert mine == theirs
-    assert all(v for (s, _), v in mine.items() if s == "solved")
-    assert not any(v for (s, _), v in mine.items() if s == "unsolved")
+    assert [mine[("honest", g)] for g in ("ex00_1", "ex00_2", "ex00_3")] == [1, 1, 1]
+    assert [mine[("wrong", g)] for g in ("ex00_1", "ex00_2", "ex00_3")] == [1, 0, 1]
+    assert [mine[("deleted", g)] for g in ("ex00_1", "ex00_2", "ex00_3")] == [1, 1, 1]  # restored both ways
+    assert sum(v for (s, _), v in mine.items() if s == "blank") == 0

@@ -1,13 +1,14 @@
-"""Units of the grader: reading submissions, restoring checks, names a check relies on, output cap."""
+"""Units of the grader: reading submissions, restoring checks, priming and collecting, output cap."""
 
-import itertools
+import json
 
 import nbformat
 import pytest
 from _grading_helpers import TINY
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from gpucourse.grading.engine import execute, names_used
+from gpucourse.grading.engine import execute
+from gpucourse.grading import wire
 from gpucourse.grading.restore import NotANotebook, chapter_of, load_release, parse_notebook, restore
 
 
@@ -38,25 +39,31 @@ def test_untouched_submission_runs_the_release_checks(release):
         ("99.1", "visible", False, False, False)]
     assert run.cells[slots[0].index].source == release.checks["99.1"].source
     assert origin == list(range(len(release.nb.cells)))
+    assert slots[0].key == "99.1"
+
+
+def _check_index(release):
+    return release.checks["99.1"].index
 
 
 def test_edited_check_is_restored_and_flagged(release):
     def edit(cells):
-        cells[2].source = "# Check 99.1 — square\nprint('99.1 passed ✓')"
-        cells[2].metadata = {}                          # tags dropped too: found by its header
+        cells[_check_index(release)].source = "# Check 99.1 — square\nprint('99.1 passed ✓')"
+        cells[_check_index(release)].metadata = {}      # tags dropped too: found by its header
     run, slots, _ = restore(_sub(release, edit), release)
     assert slots[0].edited and run.cells[slots[0].index].source == release.checks["99.1"].source
 
 
 def test_deleted_check_is_put_back_in_its_section(release):
     def delete(cells):
-        del cells[2]
+        del cells[_check_index(release)]
         cells.append(new_markdown_cell("## Notes\nmy notes"))
         cells.append(new_code_cell("# Check 42.1 — made up\nprint('42.1 passed ✓')",
                                    metadata={"tags": ["check"]}))
     run, slots, origin = restore(_sub(release, delete), release)
     assert slots[0].deleted and not slots[0].missing
-    assert slots[0].index == 2 and origin[2] is None    # after the exercise's cells, before the notes
+    at = _check_index(release)
+    assert slots[0].index == at and origin[at] is None  # after the exercise's cells, before the notes
     assert len(slots) == 1                              # the made-up check is not graded
 
 
@@ -70,15 +77,14 @@ def test_exercise_absent_everywhere_is_missing(release):
 
 def test_duplicate_check_cells_only_first_is_graded_and_hidden_cells_dropped(release):
     def dup(cells):
-        cells.insert(2, new_code_cell("# Check 99.1 — mine\nprint('99.1 passed ✓')"))
+        cells.insert(_check_index(release), new_code_cell("# Check 99.1 — mine\nprint('99.1 passed ✓')"))
         cells.append(new_code_cell("# Hidden 99.1 — fake\npass", metadata={"tags": ["hidden"]}))
-    hidden = {"99.1": [("large", "assert square(10**6) == 10**12")]}
-    run, slots, origin = restore(_sub(release, dup), release, hidden=hidden,
-                                 nonce=lambda c=itertools.count(): f"n{next(c)}")
-    assert [s.kind for s in slots] == ["visible", "hidden"]
+    run, slots, origin = restore(_sub(release, dup), release, hidden={"99.1": "square of large numbers"})
+    assert [(s.kind, s.key) for s in slots] == [("visible", "99.1"), ("hidden", "99.1/hidden")]
     assert slots[1].index == slots[0].index + 1
-    assert "fake" not in "".join(c.source for c in run.cells)
-    assert run.cells[slots[0].index].source.endswith(".ran('n0')")
+    text = "".join(c.source for c in run.cells)
+    assert "fake" not in text and "10**6" not in text        # the hidden source never enters the run
+    assert "run_hidden('99.1')" in run.cells[slots[1].index].source
 
 
 def test_chapter_comes_from_the_content():
@@ -87,12 +93,28 @@ def test_chapter_comes_from_the_content():
     assert chapter_of(new_notebook(), "alice.ipynb") == (None, None)
 
 
-def test_names_used_by_checks():
-    names = names_used(["import torch\nout = gc.balanced_chunk_sizes(8, 2, 3)\n"
-                        "torch.testing.assert_close(F.softmax(x, 0), y)\nfoo.bar()"])
-    assert {"gc.balanced_chunk_sizes", "F.softmax", "torch.testing.assert_close", "torch.allclose",
-            "torch.equal"} <= set(names)
-    assert not any(n.startswith("foo") for n in names)
+def test_forbidden_uses_are_found_through_aliases_and_strings():
+    from gpucourse.grading.grade import forbidden_uses
+
+    sources = ["from gpucourse import zero_memory as zm\n", "f = getattr(gc, 'shard_size')",
+               "# a comment about reduce_scatter\nx = 'use reduce_scatter here'", "gc.launch(f, 2)"]
+    assert forbidden_uses(sources, ["gc.zero_memory", "gc.shard_size", "gc.reduce_scatter"]) == [
+        "gc.shard_size", "gc.zero_memory"]
+
+
+def test_cells_are_primed_with_inputs_and_values_collected():
+    """The engine hands a graded cell its inputs before it runs and takes its values after: whatever
+    the cell prints or raises, only the values leave, as data."""
+    payload = json.dumps({"cases": wire.dumps([(2,), (3,)]), "seeds": [1, 2], "forbid": []})
+    nb = new_notebook(cells=[
+        new_code_cell("import gpucourse as gc\ndef square(x):\n    return x * x"),
+        new_code_cell("gc.check_exercise('99.1', square, None)\nprint('99.1 passed ✓')\n1 / 0"),
+        new_code_cell("gc.check_exercise('99.1', square, None)"),               # not primed: nothing sent
+    ])
+    record = execute(nb, slots={1: {"slot": "99.1", "payload": payload}}, cwd=".", cell_timeout=60,
+                     notebook_timeout=120, output_limit=10000)
+    assert wire.loads(record["values"]["99.1"]) == [4, 9]
+    assert list(record["values"]) == ["99.1"] and record["cells"][1]["status"] == "error"
 
 
 def test_output_is_cut_in_the_kernel_and_status_is_the_reply():
@@ -102,7 +124,7 @@ def test_output_is_cut_in_the_kernel_and_status_is_the_reply():
         new_code_cell("1 / 0"),
         new_code_cell("print('still runs')"),
     ])
-    record = execute(nb, names=[], cwd=".", cell_timeout=60, notebook_timeout=120, output_limit=1000)
+    record = execute(nb, slots={}, cwd=".", cell_timeout=60, notebook_timeout=120, output_limit=1000)
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
     assert len(text) < 2000 and "[output truncated by the grader after 1000 characters]" in text
     assert [c["status"] for c in record["cells"]] == ["ok", "ok", "error", "ok"]

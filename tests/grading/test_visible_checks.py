@@ -14,7 +14,7 @@ checks, in a fresh kernel.
 import nbformat
 import pytest
 
-from gpucourse.grading.check import run_notebook
+from gpucourse.grading.selfcheck import run_notebook
 from gpucourse.grading.exercises import HIDDEN_TAG
 
 from test_hidden_checks import SOLUTIONS, _error, planted_notebook

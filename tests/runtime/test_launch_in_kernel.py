@@ -3,7 +3,7 @@
 import nbformat
 from nbformat.v4 import new_code_cell, new_notebook
 
-from gpucourse.grading.check import run_notebook
+from gpucourse.grading.selfcheck import run_notebook
 
 
 def _outputs_text(cell):

@@ -26,7 +26,7 @@ from pathlib import Path
 import nbformat
 
 from .engine import _current_env_kernel_manager
-from .grade import Judges, Options, Submission, _solution_folders, grade_notebook
+from .grade import Judges, Options, Submission, _answer_folders, grade_notebook
 from .restore import load_releases
 from .sandbox import isolation
 
@@ -108,7 +108,7 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
     releases = _find_releases(path, release)
     options = Options(cell_timeout=cell_timeout, notebook_timeout=notebook_timeout)
     mode = isolation(True)
-    options.hide = _solution_folders(solutions)
+    options.hide = _answer_folders(solutions)
     judges = Judges(solutions, random.SystemRandom().randrange(1 << 62) if seed is None else seed)
     try:
         with tempfile.TemporaryDirectory(prefix="gpucourse-check-") as root:
@@ -158,7 +158,7 @@ def format_results(name: str, results: list[CheckResult]) -> str:
 
 
 def main(paths: list[str], *, cell_timeout: float = 300, notebook_timeout: float = 1800,
-         release: str | None = None) -> int:
+         release: str | None = None, solutions: str | None = None, seed: int | None = None) -> int:
     """Check each notebook (folders are searched for ``*.ipynb``); 0 if all pass, else 1."""
     files: list[Path] = []
     for p in map(Path, paths):
@@ -176,7 +176,7 @@ def main(paths: list[str], *, cell_timeout: float = 300, notebook_timeout: float
     summary = []
     for f in files:
         results = check_notebook(f, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
-                                 release=release)
+                                 release=release, solutions=solutions, seed=seed)
         print(format_results(str(f), results), flush=True)
         ok = all(r.passed for r in results)
         all_ok &= ok
