@@ -41,6 +41,12 @@ NBGRADER_SCHEMA = 3
 CONFIG = '''\
 # Written by `python -m gpucourse export-nbgrader`; edit freely (it is not overwritten).
 import os
+import warnings
+
+# nbgrader 0.9 with SQLAlchemy 2.x warns "Object of type <SubmittedAssignment> not in session, add
+# operation along 'Student.submissions' will not proceed" on every autograde: SQLAlchemy 2 no longer
+# cascades backrefs, and nbgrader adds the object itself right after. Harmless; silenced here.
+warnings.filterwarnings("ignore", message=r"Object of type <\\w+> not in session")
 
 c = get_config()  # noqa: F821 - nbgrader's config loader provides it
 c.CourseDirectory.course_id = "gpucourse"
