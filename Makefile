@@ -94,8 +94,10 @@ $(SITE_STAMP): $(STAMP)
 site: $(SITE_STAMP)
 	$(PY) website/build.py
 
-# loopback only; another port: make serve-site SITE_PORT=8001
-serve-site: site
+# loopback only; another port: make serve-site SITE_PORT=8001 (builds the site first if there is none;
+# after editing, make site serve-site)
+serve-site:
+	@test -f _build/site/index.html || $(MAKE) --no-print-directory site
 	@echo "== the course website: http://127.0.0.1:$(SITE_PORT)/  (Ctrl-C stops it)"
 	$(PY) -m http.server --bind 127.0.0.1 --directory _build/site $(SITE_PORT)
 

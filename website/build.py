@@ -28,10 +28,10 @@ Cells are counted from 0, as nbformat and the course's other tools count them.
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import binascii
 import hashlib
-import importlib
 import io
 import json
 import re
@@ -342,11 +342,46 @@ def site_notebook(nb: dict, rel: str, kind: str, chapter: Chapter, links: Links)
     return nb
 
 
-def _api_page(part: str, names: tuple[str, ...], chapters: list[Chapter]) -> str:
+def course_map(root: Path) -> dict[str, tuple[str, ...]]:
+    """``_PARTS`` of ``gpucourse/__init__.py``: part → its public names (read, not imported)."""
+    path = root / "gpucourse" / "__init__.py"
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_PARTS" for t in node.targets):
+            return {part: tuple(names.split()) for part, names in ast.literal_eval(node.value).items()}
+    raise SiteError(f"{path.relative_to(root)}: no _PARTS (the course's map of public names)")
+
+
+@dataclass
+class Definition:
+    kind: str                   # "class", "function" or "data"
+    path: Path
+    node: ast.AST
+    source: str
+
+
+def _definitions(root: Path, part: str) -> dict[str, Definition]:
+    """Top-level classes, functions and assignments of every module of a part (read, not imported:
+    staging needs no torch; autodoc imports the package when Sphinx reads an API page)."""
+    found: dict[str, Definition] = {}
+    for path in sorted((root / "gpucourse" / part).rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ClassDef):
+                found[node.name] = Definition("class", path, node, source)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[node.name] = Definition("function", path, node, source)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Name):
+                        found[target.id] = Definition("data", path, node, source)
+    return found
+
+
+def _api_page(root: Path, part: str, names: tuple[str, ...], chapters: list[Chapter]) -> str:
     """reStructuredText of one part's API page: its docstring, then every public name of it."""
-    gc = importlib.import_module("gpucourse")
-    module = importlib.import_module(f"gpucourse.{part}")
-    first = (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else ""
+    init = root / "gpucourse" / part / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+    first = doc.strip().splitlines()[0] if doc.strip() else ""
     m = re.match(r"Chapters? ([\d–\-]+(?: \(part [AB]\))?) —", first)
     title = f"{part}/" + (f" (chapter {m[1]})" if m else "")
     used = [c for c in chapters if part in c.parts]
@@ -356,34 +391,38 @@ def _api_page(part: str, names: tuple[str, ...], chapters: list[Chapter]) -> str
     intro = (f"Used in {refs}. " if used else "") + ("Every name below is re-exported at the top level: "
                                                      f"``import gpucourse as gc; gc.{names[0]}``.")
     lines += [intro, ""]
+    defs = _definitions(root, part)
     for name in names:
-        obj = getattr(gc, name)
-        if isinstance(obj, type):
+        d = defs.get(name)
+        if d is None:
+            raise SiteError(f"gpucourse/__init__.py lists {name!r} in part {part!r}, but no module of "
+                            f"gpucourse/{part}/ defines it")
+        if d.kind == "class":
             lines += [f".. autoclass:: {name}", "   :members:", ""]
-        elif callable(obj):
+        elif d.kind == "function":
             lines += [f".. autofunction:: {name}", ""]
         else:
-            lines += _data_doc(part, name, obj)
+            lines += _data_doc(name, d)
     return "\n".join(lines)
 
 
-def _data_doc(part: str, name: str, value) -> list[str]:
+def _data_doc(name: str, d: Definition) -> list[str]:
     """A constant's entry: its value when short, and the ``#:`` comment above it in its module.
 
     (autodoc would show the docstring of its type — ``tuple``'s, ``dict``'s — for a constant
     re-exported at the top level.)"""
-    module = importlib.import_module(f"gpucourse.{part}")
+    src_lines = d.source.splitlines()
     comment: list[str] = []
-    for path in sorted(Path(module.__file__).parent.glob("*.py")):
-        m = re.search(rf"((?:^#:.*\n)*)^{name}\b[^=\n]*=", path.read_text(encoding="utf-8"), re.M)
-        if m:
-            comment = [line[2:].strip() for line in m[1].splitlines()]
-            break
+    k = d.node.lineno - 2
+    while k >= 0 and src_lines[k].startswith("#:"):
+        comment.insert(0, src_lines[k][2:].strip())
+        k -= 1
+    value = " ".join((ast.get_source_segment(d.source, d.node.value) or "").split())
     lines = [f".. py:data:: {name}"]
-    if len(repr(value)) <= 100:
-        lines.append(f"   :value: {value!r}")
-    else:
-        lines.append(f"   :type: {type(value).__name__}")
+    if value and len(value) <= 100:
+        lines.append(f"   :value: {value}")
+    elif isinstance(d.node, ast.AnnAssign):
+        lines.append(f"   :type: {ast.unparse(d.node.annotation)}")
     lines += ["", *(f"   {c}" for c in comment), ""]
     return lines
 
@@ -405,12 +444,8 @@ def stage(paths: Paths, *, api: bool = True, mathjax: Callable[[], Path] | None 
     root = paths.root
     chapters = chapters_from_readme(root)
     st = Stage(paths)
-    if api:
-        sys.path.insert(0, str(root))
-        gc = importlib.import_module("gpucourse")
-        parts = [p for p in gc._PARTS if gc._PARTS[p]]
-    else:
-        parts = []
+    course = course_map(root) if api else {}
+    parts = [p for p, names in course.items() if names]
     docs = {"README.md"} | {c.lesson for c in chapters} | {c.exercises for c in chapters}
     links = Links(root, docs, st, set(parts))
 
@@ -433,7 +468,7 @@ def stage(paths: Paths, *, api: bool = True, mathjax: Callable[[], Path] | None 
         readme += "\n```{toctree}\n:hidden:\n:caption: Reference\n\napi/index\n```\n"
         st.write("api/index.md", _api_index(root, parts))
         for part in parts:
-            st.write(f"api/{part}.rst", _api_page(part, gc._PARTS[part], chapters))
+            st.write(f"api/{part}.rst", _api_page(root, part, course[part], chapters))
     st.write("index.md", readme)
 
     st.write("conf.py", (HERE / "conf.py").read_bytes())
