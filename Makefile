@@ -74,7 +74,8 @@ test-notebooks: $(STAMP)
 
 # the course as a learner sees it: JupyterLab on a temporary copy of the course, driven in the
 # system's Chromium (apt-get install chromium) by playwright (the "ui" extra, installed here; no
-# browser is downloaded). Without either, every test skips and says which is missing.
+# browser is downloaded). Without either, every test skips and says which is missing. The same run
+# builds the website (the "site" extra, installed here too) and reads every page of it.
 UI_STAMP  := $(VENV)/.gpucourse-ui-installed
 $(UI_STAMP): $(STAMP)
 	$(PIP) -q -c constraints.txt -e '.[test,ui,site]' && touch $(UI_STAMP) || echo "no playwright: the browser tests will skip"
