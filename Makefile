@@ -4,6 +4,8 @@
 #   make lab TORCH=cpu   the same with PyTorch's CPU-only wheels (~0.2 GB instead of ~3 GB to download)
 #   make test       create .venv if needed, install, run every test and every notebook
 #   make test-ui    the course in a real browser: JupyterLab driven in headless Chromium (tests/ui)
+#   make site       the course as a website in _build/site/ (lessons with their stored outputs, API)
+#   make serve-site read it: serves _build/site/ on http://127.0.0.1:8000/
 #   make check NB=exercises/04_…ipynb        self-check one exercises notebook in a fresh kernel
 #   make grade SUBMISSIONS=subs/             grade a class (GRADE_ARGS="--hidden --csv grades.csv")
 #
@@ -39,7 +41,7 @@ NBVAL     := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitiz
 # connection for glibc's default 5 s, so the tests ask for 1 s retries (see README, troubleshooting).
 TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0 RES_OPTIONS="timeout:1 attempts:3"
 
-.PHONY: lab test test-ui test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade
+.PHONY: lab test test-ui site serve-site test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade
 
 env: $(STAMP)
 
@@ -72,13 +74,33 @@ test-notebooks: $(STAMP)
 
 # the course as a learner sees it: JupyterLab on a temporary copy of the course, driven in the
 # system's Chromium (apt-get install chromium) by playwright (the "ui" extra, installed here; no
-# browser is downloaded). Without either, every test skips and says which is missing.
+# browser is downloaded). Without either, every test skips and says which is missing. The same run
+# builds the website (the "site" extra, installed here too) and reads every page of it.
 UI_STAMP  := $(VENV)/.gpucourse-ui-installed
 $(UI_STAMP): $(STAMP)
-	$(PIP) -q -c constraints.txt -e '.[test,ui]' && touch $(UI_STAMP) || echo "no playwright: the browser tests will skip"
+	$(PIP) -q -c constraints.txt -e '.[test,ui,site]' && touch $(UI_STAMP) || echo "no playwright: the browser tests will skip"
 
 test-ui: $(UI_STAMP)
 	$(TEST_ENV) $(PY) -m pytest -m ui -q -rs tests/ui
+
+# the course as a website: README, the lessons with their stored outputs (nothing is executed),
+# the exercises and the API reference, as a book in _build/site/ (website/build.py: Sphinx, myst-nb,
+# sphinx-book-theme from the "site" extra; MathJax 3 from the npm registry, pinned by
+# website/mathjax/package-lock.json, fetched once with npm). Strict: a warning fails the build.
+SITE_STAMP := $(VENV)/.gpucourse-site-installed
+SITE_PORT ?= 8000
+$(SITE_STAMP): $(STAMP)
+	$(PIP) -q -c constraints.txt -e '.[test,site]' && touch $(SITE_STAMP)
+
+site: $(SITE_STAMP)
+	$(PY) website/build.py
+
+# loopback only; another port: make serve-site SITE_PORT=8001 (builds the site first if there is none;
+# after editing, make site serve-site)
+serve-site:
+	@test -f _build/site/index.html || $(MAKE) --no-print-directory site
+	@echo "== the course website: http://127.0.0.1:$(SITE_PORT)/  (Ctrl-C stops it)"
+	$(PY) -m http.server --bind 127.0.0.1 --directory _build/site $(SITE_PORT)
 
 # regenerate exercises/ from solutions/ (the single source of every exercise)
 exercises: $(STAMP)
@@ -122,4 +144,4 @@ constraints: $(STAMP)
 	  $(PY) -m pip freeze --exclude-editable | grep -v '^gpucourse'; } > constraints.txt
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build _build *.egg-info

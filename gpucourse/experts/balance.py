@@ -36,8 +36,8 @@ def load_balance_run(aux_weight: float, *, steps: int = 100, num_experts: int = 
         lr, seed: Adam's learning rate; the seed of the layer, the teacher and the data.
 
     Returns:
-        ``{"counts": (steps, E) int64 tokens_per_expert per step, "task_loss": [float],
-        "aux_loss": [float]}``.
+        ``{"counts": (steps, E) int64 tokens_per_expert per step,``
+        ``"task_loss": [float], "aux_loss": [float]}``.
 
     Example::
 

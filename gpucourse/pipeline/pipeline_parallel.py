@@ -74,9 +74,9 @@ def pipeline_step(stage: nn.Module, schedule: PipelineSchedule, comm: PipelineCo
             off when only the speed matters (``peak_activation_bytes`` is then ``None``).
 
     Returns:
-        ``{"events": [TimelineEvent, ...], "loss": float or None (last stage), "peak_in_flight":
-        int, "peak_activation_bytes": int or None}`` (bytes autograd saved for the backward,
-        parameters not counted). Gradients are accumulated in ``stage``'s parameters.
+        ``{"events": [TimelineEvent, ...], "loss": float or None (last stage),``
+        ``"peak_in_flight": int, "peak_activation_bytes": int or None}`` (bytes autograd saved for
+        the backward, parameters not counted). Gradients are accumulated in ``stage``'s parameters.
 
     Receives are posted ahead — as many as the stage can have micro-batches in flight, plus one —
     so a neighbour's message lands in its buffer the moment it is sent

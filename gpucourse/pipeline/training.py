@@ -199,8 +199,8 @@ def run_pipeline(model_fn: Callable[[], nn.Sequential], inputs: torch.Tensor, ta
     """Launch :func:`train_pipeline` in ``num_stages × dp_size`` processes and gather the results.
 
     Args:
-        model_fn, inputs, targets, schedule, chunks, steps, lr, loss_fn, dp_size, balance,
-            measure_activations: see :func:`train_pipeline`.
+        model_fn, inputs, targets, schedule, chunks, steps: see :func:`train_pipeline`.
+        lr, loss_fn, dp_size, balance, measure_activations: see :func:`train_pipeline`.
         num_stages: pipeline stages (processes per pipeline).
         backend: ``"gloo"`` (CPU processes) or ``"nccl"`` (one CUDA GPU per process).
         timeout: seconds for the whole run (see :func:`~gpucourse.launch`).

@@ -180,7 +180,8 @@ def train_sharded(strategy: str, model_fn, x: torch.Tensor, y: torch.Tensor, *, 
         x, y: the global batch; ``loss_fn(model(x), y)``.
         world_size: number of processes.
         steps: optimizer steps.
-        optimizer_class, **optimizer_kwargs: the optimizer (default AdamW).
+        optimizer_class: the optimizer (default AdamW).
+        **optimizer_kwargs: its keyword arguments.
         accumulation: micro-batches per step (gradient accumulation; DDP uses ``no_sync``).
         measure_memory: make the first step a :func:`measure_step_memory` step (not timed).
         timeout: seconds for the whole run.

@@ -1,5 +1,6 @@
 """Install metadata stays consistent: pyproject ⇄ environment.yml ⇄ constraints ⇄ Makefile ⇄ CI."""
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -20,9 +21,10 @@ def _pyproject():
 
 
 def _installed(project) -> list[str]:
-    """What `make test` and `make test-ui` install: the dependencies, the test and ui extras."""
+    """What `make test`, `make test-ui` and `make site` install: the dependencies, the test, ui
+    and site extras."""
     extras = project["optional-dependencies"]
-    return project["dependencies"] + extras["test"] + extras["ui"]
+    return project["dependencies"] + extras["test"] + extras["ui"] + extras["site"]
 
 
 def test_environment_yml_matches_pyproject():
@@ -78,3 +80,16 @@ def test_readme_starts_with_the_two_commands():
     readme = (ROOT / "README.md").read_text()
     first_block = readme[: readme.index("\n## ", readme.index("make test"))]
     assert "make lab" in first_block and "make test" in first_block
+
+
+def test_site_gets_mathjax_3_pinned_from_npm():
+    """`make site` bundles MathJax 3 from the npm registry: an exact version, checked by its hash."""
+    folder = ROOT / "website" / "mathjax"
+    version = json.loads((folder / "package.json").read_text())["dependencies"]["mathjax"]
+    assert re.fullmatch(r"3\.\d+\.\d+", version), f"MathJax must be pinned to one 3.x release, got {version}"
+    entry = json.loads((folder / "package-lock.json").read_text())["packages"]["node_modules/mathjax"]
+    assert entry["version"] == version and entry["integrity"].startswith("sha512-")
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^site:", makefile, re.M) and re.search(r"^serve-site:", makefile, re.M)
+    assert "--bind 127.0.0.1" in makefile
+    assert "npm" in (ROOT / ".ci" / "run").read_text(), "CI installs npm when it is missing"
