@@ -4,12 +4,14 @@ Every chapter keeps its plausible wrong answers in ``tests/grading/mutations/tes
 
     VISIBLE = {"08.1": {"rounds down": "return (2 + 2 + k) * num_params // world_size", ...}}
     HIDDEN = {"08.1": {"float, not int": "..."}}
-    test_visible, test_hidden, test_solution = chapter_tests("08", VISIBLE, HIDDEN)
+    (test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+     test_trivial_answers_fail) = chapter_tests("08", VISIBLE, HIDDEN)
 
 A wrong answer is the body of the exercise's solution region (a list: one entry per region of
 the exercise, ``None`` keeping that region). ``VISIBLE`` answers must fail the visible check;
 ``HIDDEN`` answers must pass the visible check and fail the hidden one (the hidden check earns its
-place). Every visible check must reject at least :data:`MIN_VISIBLE` wrong answers.
+place). Every visible check must reject at least :data:`MIN_VISIBLE` wrong answers, and the
+trivial ones (``return None``, ``return 0`` in every region).
 
 How one answer is run (what ``grade`` does, minus the kernel and the sandbox)::
 
@@ -97,18 +99,28 @@ def _student_namespace(chapter: str, exercise: str, answers: list | None) -> tup
             source = cell.source
             if i in ex.solution_cells and answers is not None:
                 regions = source.count(BEGIN)
-                mine = answers[:regions]
-                answers = answers[regions:]
+                if isinstance(answers, Every):
+                    mine = [answers.body] * regions
+                else:
+                    mine = answers[:regions]
+                    answers = answers[regions:]
                 source = plant(source, mine)
             exec(compile(transform(source), f"<{name} cell {i}>", "exec"), namespace)
-    assert not answers, f"{exercise}: more answers than solution regions"
+    assert isinstance(answers, Every) or not answers, f"{exercise}: more answers than solution regions"
     return namespace, nb.cells[ex.check_cells[0]].source
+
+
+class Every:
+    """The same body for every solution region of an exercise (``return None`` everywhere)."""
+
+    def __init__(self, body: str):
+        self.body = body
 
 
 def verdicts(chapter: str, exercise: str, answer, *, seed: int, hidden: bool = False) -> dict:
     """``{"visible": verdict, "hidden": verdict}`` (hidden only when asked) for one planted answer."""
     judge = judge_of(chapter)
-    answers = None if answer is None else (answer if isinstance(answer, list) else [answer])
+    answers = None if answer is None else answer if isinstance(answer, (list, Every)) else [answer]
     namespace, check_source = _student_namespace(chapter, exercise, answers)
     out = {}
     mode = harness._state["mode"]
@@ -172,7 +184,14 @@ def chapter_tests(chapter: str, visible: dict, hidden: dict):
             f"{exercise}: keep at least {MIN_VISIBLE} plausible wrong answers its visible check rejects")
         assert hidden.get(exercise), f"{exercise}: keep a wrong answer that only its hidden check rejects"
 
-    return test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept
+    @pytest.mark.parametrize("exercise", exercises)
+    @pytest.mark.parametrize("body", ["return None", "return 0"])
+    def test_trivial_answers_fail(exercise, body):
+        v = verdicts(chapter, exercise, Every(body), seed=SEEDS[0])["visible"]
+        assert not v["passed"], f"{exercise}: the visible check passed `{body}` as the answer"
+
+    return (test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+            test_trivial_answers_fail)
 
 
 __all__ = ["MIN_VISIBLE", "SEEDS", "chapter_tests", "judge_of", "plant", "verdicts", "EXERCISE_HEADING"]
