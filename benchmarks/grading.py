@@ -1,21 +1,23 @@
-"""Grading a class: throughput with 2 workers vs 1, peak grader memory, mis-graded submissions.
+"""Grading a class: 2 workers vs 1, mis-graded submissions, peak memory — and nbgrader on the same class.
 
-40 submissions of chapter 00 and 40 of chapter 03, built from the shipped exercises: half solved,
-a quarter cheating (edited checks, a no-op assert_close, a hidden error display, an input
-transformer), a quarter broken (unsolved, truncated, not a notebook) — and one solved submission
-that prints 300 MB. Each class is graded by `python -m gpucourse grade --workers W` in a
-subprocess whose memory (the grader and its sandbox shepherds, not the student kernels) is sampled
-from /proc every 0.1 s. The grader never imports torch (`import gpucourse` is lazy; only the
-students' kernels load it); the breakdown printed shows the grader's baseline and its growth, and
-where a notebook's wall time goes (shepherd start, kernel start, cells).
+A class of 30 submissions across three chapters (10 each), built from the shipped exercises and
+solutions: 4 honest (every answer right), 3 cheating (faked passes, a patched harness, forged
+values — each must score 0), 3 broken (unsolved, truncated, not a notebook). Each class is graded
+by `python -m gpucourse grade --hidden --workers W` in a subprocess whose memory is sampled from
+/proc every 0.1 s: the grader itself, its sandbox shepherds, and the judges (one per chapter: the
+course's solutions, with torch) — the students' kernels are limited by the sandbox and not counted.
 
-    python benchmarks/grading.py                 # targets: ratio >= 1.6x, peak <= 500 MB, 0 mis-graded
-    python benchmarks/grading.py --per-chapter 8 # a quicker, smaller class
+    python benchmarks/grading.py                    # targets: ratio >= 1.6x, 0 mis-graded
+    python benchmarks/grading.py --nbgrader         # also time `nbgrader autograde` on the same class
+    python benchmarks/grading.py --chapters 00 03   # another selection (10 notebooks per chapter)
+
+The seed is fixed (--seed), so the two runs grade the same inputs.
 """
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -24,20 +26,31 @@ import time
 from pathlib import Path
 
 import nbformat
+from nbformat.v4 import new_code_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "grading"))
 
-from make_corpus import CH00, CH03, _insert_after_imports, exercises, solved
+from make_corpus import exercises, solved                               # noqa: E402
+from test_attacks import FORGE_VALUES, PATCH_HARNESS                     # noqa: E402
 
-CHEATS = [
-    lambda nb: [c.update(source=c.source.splitlines()[0] + "\nprint('passed ✓')") for c in nb.cells
-                if "check" in c.metadata.get("tags", [])] and nb,
-    lambda nb: _insert_after_imports(nb, "import torch\ntorch.testing.assert_close = lambda *a, **k: None"),
-    lambda nb: _insert_after_imports(nb, "get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)"),
-    lambda nb: _insert_after_imports(nb, "get_ipython().input_transformers_cleanup.append(\n"
-                                         "    lambda ls: ['pass\\n'] if ls and ls[0].startswith('# Check') else ls)"),
-]
+
+def _print_pass(nb):
+    for c in nb.cells:
+        if "check" in c.metadata.get("tags", []):
+            cid = c.source.split()[2]
+            c.source = f'# Check {cid}\nprint("{cid} passed ✓")'
+    return nb
+
+
+def _with(source):
+    def attack(nb):
+        nb.cells.insert(2, new_code_cell(source))
+        return nb
+    return attack
+
+
+CHEATS = [_print_pass, _with(PATCH_HARNESS), _with(FORGE_VALUES)]
 BROKEN = [
     lambda name: nbformat.writes(exercises(name)).encode(),                  # unsolved
     lambda name: nbformat.writes(solved(name)).encode()[:3000],              # truncated
@@ -45,43 +58,38 @@ BROKEN = [
 ]
 
 
-def make_class(dest: Path, per_chapter: int) -> dict[str, float]:
-    """Write dest/<student>/<chapter notebook>; return each student's expected fraction of points."""
+def notebook_name(chapter: str) -> str:
+    return next((ROOT / "solutions").glob(f"{chapter}_*.ipynb")).name
+
+
+def make_class(dest: Path, chapters: list[str]) -> dict[str, float]:
+    """dest/<student>/<chapter notebook>; returns each student's expected fraction of the points."""
     expected = {}
-    for name in (CH00, CH03):
-        for i in range(per_chapter):
-            student = f"{name[:2]}-{i:03d}"
+    for chapter in chapters:
+        name = notebook_name(chapter)
+        for i in range(10):
+            student = f"{chapter}-{i:02d}"
             folder = dest / student
             folder.mkdir(parents=True)
-            kind = i % 4
-            if kind in (0, 1):
-                nb = solved(name)
-                if i == 0 and name == CH00:       # the loud one: prints 300 MB, still solved
-                    nb.cells.insert(2, nbformat.v4.new_code_cell("print('x' * 300_000_000)"))
-                data, exp = nbformat.writes(nb).encode(), 1.0
-            elif kind == 2:
-                data, exp = nbformat.writes(CHEATS[(i // 4) % len(CHEATS)](exercises(name))).encode(), 0.0
+            if i < 4:
+                data, frac = nbformat.writes(solved(name)).encode(), 1.0
+            elif i < 7:
+                data, frac = nbformat.writes(CHEATS[i - 4](exercises(name))).encode(), 0.0
             else:
-                data, exp = BROKEN[(i // 4) % len(BROKEN)](name), 0.0
+                data, frac = BROKEN[i - 7](name), 0.0
             (folder / name).write_bytes(data)
-            expected[student] = exp
+            expected[student] = frac
     return expected
 
 
-def _memory(pid: int) -> tuple[int, int]:
-    """(resident, anonymous resident) bytes of one process (VmRSS, RssAnon)."""
-    rss = anon = 0
+def _memory(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) << 10
-        elif line.startswith("RssAnon:"):
-            anon = int(line.split()[1]) << 10
-    return rss, anon
+            return int(line.split()[1]) << 10
+    return 0
 
 
 def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (any of its threads), from /proc/<pid>/task/*/children: the
-    sampler reads the grader's own tree only, not all of /proc (it shares the 2 cores it measures)."""
     out = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
@@ -93,38 +101,39 @@ def _children(pid: int) -> list[int]:
 
 
 def _tree(root_pid: int) -> dict[str, int]:
-    """Memory of the grader and its sandbox shepherds (student kernels and their ranks excluded):
-    the grader's RSS, and RSS / anonymous RSS summed over grader + shepherds."""
-    out = {"main": 0, "tree": 0, "anon": 0}
-    todo = [root_pid]
+    """RSS of the grader, its shepherds (and their bwrap), and its judges (not the students' kernels
+    and ranks, nor the judges' own ranks)."""
+    out = {"grader": 0, "shepherds": 0, "judges": 0}
+    todo = [(root_pid, "grader")]
     while todo:
-        p = todo.pop()
+        pid, role = todo.pop()
         try:
-            if b"ipykernel" in Path(f"/proc/{p}/cmdline").read_bytes():
-                continue                                # a student's kernel: limited, not the grader
-            rss, anon = _memory(p)
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"ipykernel" in cmd:
+            continue
+        if b"gpucourse.grading.judge" in cmd:
+            out["judges"] += _memory(pid)
+            continue
+        try:
+            out[role] += _memory(pid)
         except (OSError, ValueError):
             continue
-        out["main"] = out["main"] or rss
-        out["tree"] += rss
-        out["anon"] += anon
-        todo += _children(p)
+        todo += [(c, "shepherds") for c in _children(pid)]
     return out
 
 
-def run(folder: Path, workers: int, out: Path) -> dict:
-    proc = subprocess.Popen([sys.executable, "-m", "gpucourse", "grade", str(folder), "--release",
-                             str(ROOT / "exercises"), "--workers", str(workers), "--json", str(out),
-                             "--notebook-timeout", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            cwd=ROOT)
-    peak = {"main": 0, "tree": 0, "anon": 0}
-    baseline = []
+def run(folder: Path, workers: int, out: Path, seed: int) -> dict:
+    argv = [sys.executable, "-m", "gpucourse", "grade", str(folder), "--hidden", "--workers", str(workers),
+            "--json", str(out), "--seed", str(seed), "--notebook-timeout", "900"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+    peak = {"grader": 0, "shepherds": 0, "judges": 0, "total": 0}
 
     def sample():
         while proc.poll() is None:
             now = _tree(proc.pid)
-            if not baseline and now["tree"] > now["main"]:
-                baseline.append(now["main"])            # imports done, first notebook starting
+            now["total"] = sum(now.values())
             for k, v in now.items():
                 peak[k] = max(peak[k], v)
             time.sleep(0.1)
@@ -132,27 +141,12 @@ def run(folder: Path, workers: int, out: Path) -> dict:
     started = time.monotonic()
     t = threading.Thread(target=sample, daemon=True)
     t.start()
-    proc.wait()
+    _, err = proc.communicate()
     elapsed = time.monotonic() - started
     t.join()
-    return {"seconds": elapsed, "main_mb": peak["main"] / 2**20,
-            "baseline_mb": (baseline[0] if baseline else 0) / 2**20, "tree_mb": peak["tree"] / 2**20,
-            "anon_mb": peak["anon"] / 2**20,
-            "rows": json.loads(out.read_text())["rows"], "code": proc.returncode,
-            "notebooks": json.loads(out.read_text())["notebooks"]}
-
-
-def phases(notebooks: list[dict]) -> str:
-    """Mean seconds per graded notebook in each phase (as the shepherds measured them)."""
-    graded = [nb["phases"] for nb in notebooks if nb.get("phases")]
-    if not graded:
-        return "no notebook ran"
-    mean = {k: sum(p.get(k, 0.0) for p in graded) / len(graded)
-            for k in ("shepherd_start", "kernel_start", "cells", "kernel_stop")}
-    wall = sum(nb["wall_seconds"] for nb in notebooks if nb.get("phases")) / len(graded)
-    return (f"per notebook run ({len(graded)}): {wall:.1f} s wall = shepherd start {mean['shepherd_start']:.1f} + "
-            f"kernel start (with torch) {mean['kernel_start']:.1f} + cells {mean['cells']:.1f} + kernel stop "
-            f"{mean['kernel_stop']:.1f} + rest {wall - sum(mean.values()):.1f}")
+    data = json.loads(out.read_text())
+    return {"seconds": elapsed, "peak_mb": {k: v / 2**20 for k, v in peak.items()}, "rows": data["rows"],
+            "notebooks": data["notebooks"], "code": proc.returncode, "stderr": err.decode()[-2000:]}
 
 
 def misgraded(rows: list[dict], expected: dict[str, float]) -> list[str]:
@@ -170,33 +164,73 @@ def misgraded(rows: list[dict], expected: dict[str, float]) -> list[str]:
     return bad
 
 
+def nbgrader_class(tmp: Path, folder: Path, chapters: list[str]) -> dict:
+    """The same class through real nbgrader: export, generate_assignment, autograde (per chapter)."""
+    nbgrader = shutil.which("nbgrader", path=str(Path(sys.executable).parent))
+    if nbgrader is None:
+        return {"skipped": "nbgrader is not installed (test extra)"}
+    course = tmp / "nbgrader"
+    subprocess.run([sys.executable, "-m", "gpucourse", "export-nbgrader", str(course),
+                    *[a for c in chapters for a in ("--chapter", c)]], check=True, capture_output=True)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    seconds, graded = {}, 0
+    for chapter in chapters:
+        name = notebook_name(chapter)
+        assignment = name.removesuffix("_exercises.ipynb")
+        subprocess.run([nbgrader, "generate_assignment", assignment, "--force"], cwd=course, env=env,
+                       check=True, capture_output=True)
+        for student_dir in sorted(folder.glob(f"{chapter}-*")):
+            dest = course / "submitted" / student_dir.name / assignment
+            dest.mkdir(parents=True)
+            shutil.copy(student_dir / name, dest / name)
+            graded += 1
+        started = time.monotonic()
+        r = subprocess.run([nbgrader, "autograde", assignment, "--create", "--force"], cwd=course, env=env,
+                           capture_output=True, text=True)
+        seconds[chapter] = time.monotonic() - started
+        if r.returncode != 0:
+            seconds[chapter] = f"failed: {r.stderr[-300:]}"
+    return {"seconds": seconds, "notebooks": graded}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--per-chapter", type=int, default=40)
+    ap.add_argument("--chapters", nargs="+", default=["00", "03", "12"])
+    ap.add_argument("--seed", type=int, default=20261125)
+    ap.add_argument("--nbgrader", action="store_true", help="also time nbgrader autograde on the class")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="grading-bench-") as tmp:
-        folder = Path(tmp) / "subs"
-        expected = make_class(folder, args.per_chapter)
+        tmp = Path(tmp)
+        folder = tmp / "subs"
+        expected = make_class(folder, args.chapters)
         n = len(expected)
         results = {}
         for workers in (1, 2):
-            r = run(folder, workers, Path(tmp) / f"w{workers}.json")
+            r = run(folder, workers, tmp / f"w{workers}.json", args.seed)
             results[workers] = r
             bad = misgraded(r["rows"], expected)
-            print(f"--workers {workers}: {n} notebooks in {r['seconds']:.0f} s = {60 * n / r['seconds']:.1f} "
-                  f"notebooks/min; peak memory: grader {r['main_mb']:.0f} MB RSS ({r['baseline_mb']:.0f} MB "
-                  f"after importing gpucourse, before the first notebook), grader + shepherds "
-                  f"{r['tree_mb']:.0f} MB RSS of which {r['anon_mb']:.0f} MB anonymous (heap); "
-                  f"mis-graded {len(bad)}", flush=True)
-            print("   ", phases(r["notebooks"]))
+            m = r["peak_mb"]
+            print(f"grade --hidden --workers {workers}: {n} notebooks ({', '.join(args.chapters)}) in "
+                  f"{r['seconds']:.0f} s = {60 * n / r['seconds']:.1f} notebooks/min; peak RSS: grader "
+                  f"{m['grader']:.0f} MB, shepherds {m['shepherds']:.0f} MB, judges {m['judges']:.0f} MB "
+                  f"(all together {m['total']:.0f} MB); mis-graded {len(bad)}", flush=True)
             for line in bad[:10]:
                 print("   ", line)
+        if args.nbgrader:
+            nb = nbgrader_class(tmp, folder, args.chapters)
+            if "skipped" in nb:
+                print("nbgrader:", nb["skipped"])
+            else:
+                total = sum(v for v in nb["seconds"].values() if isinstance(v, float))
+                per = ", ".join(f"{c} {v:.0f} s" if isinstance(v, float) else f"{c} {v}"
+                                for c, v in nb["seconds"].items())
+                print(f"nbgrader autograde (one notebook at a time, in the students' kernels, no sandbox): "
+                      f"{nb['notebooks']} notebooks in {total:.0f} s ({per})")
     ratio = results[1]["seconds"] / results[2]["seconds"]
-    peak = max(r["tree_mb"] for r in results.values())
     wrong = sum(len(misgraded(r["rows"], expected)) for r in results.values())
-    ok = ratio >= 1.6 and peak <= 500 and wrong == 0
-    print(f"throughput ratio 2 workers / 1 worker: {ratio:.2f}x (target >= 1.6x); peak grader memory "
-          f"{peak:.0f} MB RSS, grader + shepherds (target <= 500 MB); mis-graded {wrong} (target 0): {'MET' if ok else 'NOT MET'}")
+    ok = ratio >= 1.6 and wrong == 0
+    print(f"throughput ratio 2 workers / 1 worker: {ratio:.2f}x (target >= 1.6x); mis-graded {wrong} "
+          f"(target 0): {'MET' if ok else 'NOT MET'}")
     print("(2 cores shared with everything else on the machine: the ratio is noisy)")
     return 0 if ok else 1
 
