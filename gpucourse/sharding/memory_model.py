@@ -134,7 +134,10 @@ def _storage_bytes(tensors) -> int:
 
 
 def _optimizer_params(optimizer) -> list:
-    return [p for g in optimizer.param_groups for p in g["params"]]
+    # a ZeroOptimizer's inner optimizer holds its slice (whose gradient is all a ZeRO-2 rank keeps)
+    inner = getattr(optimizer, "optimizer", None)
+    groups = optimizer.param_groups + (inner.param_groups if isinstance(inner, torch.optim.Optimizer) else [])
+    return [p for g in groups for p in g["params"]]
 
 
 def _optimizer_state_tensors(optimizer) -> list:
