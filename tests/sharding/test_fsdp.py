@@ -126,12 +126,11 @@ def test_bad_modules():
         gc.FullyShardedModule(lambda x: x)
 
 
-def test_frozen_or_mixed_dtype_parameters_are_refused():
-    frozen = nn.Linear(3, 3)
-    frozen.bias.requires_grad_(False)
-    with pytest.raises(ValueError, match="require grad"):
-        gc.FullyShardedModule(frozen)
+def test_mixed_dtype_parameters_and_bad_param_dtype_are_refused():
     mixed = nn.Linear(3, 3)
     mixed.bias.data = mixed.bias.data.double()
     with pytest.raises(ValueError, match="dtypes"):
         gc.FullyShardedModule(mixed)
+    for bad in ("bf16", torch.int8, 16):
+        with pytest.raises(TypeError, match="param_dtype"):
+            gc.FullyShardedModule(nn.Linear(3, 3), param_dtype=bad)
