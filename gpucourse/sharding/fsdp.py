@@ -24,7 +24,14 @@ all-reduce of DDP. Memory: the shards (1/N) plus one layer's full parameters at 
 after the embedding ran — is already freed when it is needed. Such layers stay gathered for the
 whole forward of the model (FSDP's *root unit*): every ``nn.Embedding`` by default, or the layers
 named in ``keep_gathered``. Both uses add their gradient into the one gathered buffer, so its
-reduce-scatter sends the tied weight's full gradient once.
+reduce-scatter sends the tied weight's full gradient once. A parameter that two modules *hold*
+(nanoGPT's ``head.weight = wte.weight``) is sharded once, in the first module's unit, which stays
+gathered for the whole forward; the other module's attribute points at the same gathered view.
+
+**In your own loop** (frozen layers, bf16 compute) — the plumbing is small: a frozen parameter
+gets a unit of its own that is gathered but never reduce-scattered; ``param_dtype`` casts each
+shard before the all-gather and each gradient back to fp32 before the reduce-scatter, as FSDP2's
+``MixedPrecisionPolicy(param_dtype=…, reduce_dtype=torch.float32)`` does.
 """
 
 from __future__ import annotations
@@ -45,12 +52,16 @@ class _Unit:
     dtype they are gathered in for compute."""
 
     def __init__(self, path: str, module: nn.Module, params: list, group, rank: int, world_size: int,
-                 root_rank: int, param_dtype: torch.dtype | None = None):
+                 root_rank: int, param_dtype: torch.dtype | None = None, aliases: dict | None = None):
         self.path, self.module, self.group = path, module, group
         self.rank, self.world_size = rank, world_size
         self.trainable = params[0][1].requires_grad
         self.names = [n for n, _ in params]
-        self.owners = [_owner(module, n) for n in self.names]        # (module holding it, attribute)
+        # per parameter: every (module holding it, attribute) — more than one for a tied weight
+        aliases = aliases or {}
+        self.owners = [[_owner(module, n)] + [(m, leaf) for m, leaf, _ in aliases.get(id(p), [])]
+                       for n, p in params]
+        self.alias_names = {n: [name for _, _, name in aliases.get(id(p), [])] for n, p in params}
         self.shapes = [p.shape for _, p in params]
         self.numels = [p.numel() for _, p in params]
         self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
@@ -65,8 +76,8 @@ class _Unit:
         self.shard = nn.Parameter(flat.view(world_size, -1)[rank].clone(), requires_grad=self.trainable)  # (S,)
         self.compute_dtype = param_dtype or self.shard.dtype      # the shard stays the master copy
         self.full = None                    # the gathered (N·S,) buffer while it is needed
-        for owner, leaf in self.owners:     # the layer keeps no parameters of its own any more
-            del owner._parameters[leaf]
+        for owner, leaf in (o for owners in self.owners for o in owners):
+            del owner._parameters[leaf]     # the layer keeps no parameters of its own any more
             setattr(owner, leaf, None)
 
     def gather(self, *, keep: bool = True) -> torch.Tensor:
@@ -94,12 +105,13 @@ class _Unit:
 
     def attach(self, params) -> None:
         """Point the layer's parameter names at ``params`` (views into the gathered buffer)."""
-        for (owner, leaf), p in zip(self.owners, params):
-            setattr(owner, leaf, p)
+        for owners, p in zip(self.owners, params):
+            for owner, leaf in owners:
+                setattr(owner, leaf, p)
 
     def release(self) -> None:
         self.full = None
-        for owner, leaf in self.owners:
+        for owner, leaf in (o for owners in self.owners for o in owners):
             setattr(owner, leaf, None)
 
 
@@ -149,10 +161,12 @@ class _Note:
         self.unit, self.size, self.stride, self.offset = unit, t.size(), t.stride(), t.storage_offset()
 
 
-def _units_of(module: nn.Module, units) -> list[tuple[str, nn.Module, list]]:
+def _units_of(module: nn.Module, units) -> tuple[list[tuple[str, nn.Module, list]], dict]:
     """``[(path, module, [(name relative to it, parameter), …]), …]``: one unit per path in ``units``
     (the parameters below it that no deeper path claims), then every module that owns parameters
-    below no path, on its own (``units=None``: all of them)."""
+    below no path, on its own (``units=None``: all of them). A parameter that several modules own
+    (a tied weight, ``head.weight = wte.weight``) is claimed by the first; the second dict maps it
+    to its other owners, ``id(param) → [(module, attribute, full name), …]``."""
     modules = dict(module.named_modules())
     if units is None:
         units = []
@@ -174,9 +188,17 @@ def _units_of(module: nn.Module, units) -> list[tuple[str, nn.Module, list]]:
         above = [u for u in units if u == "" or path == u or path.startswith(u + ".")]
         return max(above, key=len) if above else None
 
-    claimed, loose = {u: [] for u in units}, []
+    claimed, loose, aliases, seen = {u: [] for u in units}, [], {}, set()
     for path, m in modules.items():
-        own = list(m.named_parameters(recurse=False))
+        own = []
+        for n, p in m._parameters.items():
+            if p is None:
+                continue
+            if id(p) in seen:                   # tied: already claimed by an earlier module
+                aliases.setdefault(id(p), []).append((m, n, f"{path}.{n}" if path else n))
+            else:
+                seen.add(id(p))
+                own.append((n, p))
         if not own:
             continue
         u = unit_of(path)
@@ -188,7 +210,23 @@ def _units_of(module: nn.Module, units) -> list[tuple[str, nn.Module, list]]:
     empty = [u for u in units if not claimed[u]]
     if empty:
         raise ValueError(f"units: {empty} hold no parameters (none below them, or deeper units claim them all)")
-    return [(u, modules[u], claimed[u]) for u in units] + loose
+    return [(u, modules[u], claimed[u]) for u in units] + loose, aliases
+
+
+def _tied_outside(owners: list, aliases: dict) -> dict[str, list[str]]:
+    """Units holding a tied weight that a module *outside* the unit also holds: ``{path: [names]}``.
+
+    The unit's own forward hooks do not cover that other module's forward, so the unit must stay
+    gathered for the whole forward (a GPT head tied to the embedding, ``head.weight = wte.weight``).
+    """
+    out = {}
+    for path, _, params in owners:
+        for n, p in params:
+            for _, _, name in aliases.get(id(p), []):
+                holder = name.rpartition(".")[0]
+                if path and holder != path and not holder.startswith(path + "."):
+                    out.setdefault(path, []).append(name)
+    return out
 
 
 class FullyShardedModule(nn.Module):
@@ -203,7 +241,10 @@ class FullyShardedModule(nn.Module):
     updates as DDP + that optimizer on the same global batch: bit for bit on 2 ranks, within one
     rounding of the gradient per step on 3 (DDP multiplies by ``1/N`` before it sums; see
     ``zero.py``'s module docstring for the measurement and for why neither equals one process on
-    the whole batch bit for bit).
+    the whole batch bit for bit). A layer *called twice* in one forward is gathered, and
+    reduce-scattered, once per call: ``(a₁ + b₁)/2 + (a₂ + b₂)/2`` where DDP sums locally first,
+    ``((a₁ + a₂) + (b₁ + b₂))/2`` — equal within a rounding; list it in ``keep_gathered`` for DDP's
+    bits (one gather, one reduce-scatter of the summed gradient).
 
     **Frozen parameters** (``requires_grad=False``, a frozen embedding) are sharded and gathered
     like the others, in units of their own, but never reduce-scattered: their shards have
@@ -223,7 +264,9 @@ class FullyShardedModule(nn.Module):
         keep_gathered: paths (as in ``named_modules()``) of the units whose parameters stay
             gathered from the start to the end of the model's forward instead of only during their
             own forward; needed for a weight the model reads outside its layer, e.g. a head tied to
-            the embedding. ``None`` (default): every unit that holds an ``nn.Embedding``.
+            the embedding. ``None`` (default): every unit that holds an ``nn.Embedding``, and every
+            unit holding a weight that a module outside it holds too (``head.weight = wte.weight``:
+            one parameter, sharded once, under both names) — an explicit list must include those.
         units: paths of modules to shard as *one* unit each — FSDP's wrapping, e.g. every
             transformer block and ``""`` (the model: whatever no block claims). A unit holds every
             parameter below it that no deeper unit in the list claims; modules owning parameters
@@ -290,10 +333,12 @@ class FullyShardedModule(nn.Module):
                              "are flattened into one buffer and must share one dtype")
         # 1) one unit per submodule that owns parameters itself (Linear, LayerNorm, ...), or per
         #    module named in ``units`` (all the parameters below it that no deeper unit claims)
-        owners = _units_of(module, units)
-        if keep_gathered is None:              # embeddings: the layer a GPT head is tied to
+        owners, aliases = _units_of(module, units)
+        tied = _tied_outside(owners, aliases)   # unit path -> a weight another module reads too
+        if keep_gathered is None:              # embeddings (the layer a GPT head is tied to), ties
             keep_gathered = [path for path, m, params in owners
-                             if any(isinstance(_owner(m, n)[0], nn.Embedding) for n, _ in params)]
+                             if any(isinstance(_owner(m, n)[0], nn.Embedding) for n, _ in params)
+                             or path in tied]
         else:
             if isinstance(keep_gathered, str):
                 raise TypeError("keep_gathered must be a list of module paths, got one string "
@@ -303,15 +348,20 @@ class FullyShardedModule(nn.Module):
             if unknown:
                 raise ValueError(f"keep_gathered: {unknown} are not units (modules that own parameters, or "
                                  f"the paths in units=); allowed: {[path for path, _, _ in owners]}")
+            missing = {path: names for path, names in tied.items() if path not in keep_gathered}
+            if missing:
+                raise ValueError(f"keep_gathered must list the units of tied weights (one tensor that several "
+                                 f"modules hold), which are read outside their unit's forward: {missing}; "
+                                 f"add {sorted(missing)}")
         rank, world_size, global_rank = group_info(group)
         _same_on_every_rank("the parameters' names, shapes and requires_grad and the units",
                             ([(n, tuple(p.shape), p.requires_grad) for n, p in module.named_parameters()],
                              [path for path, _, _ in owners]), group)
         self.module, self.group = module, group
         self.rank, self.world_size, self.param_dtype = rank, world_size, param_dtype
-        self._param_names = [n for n, _ in module.named_parameters()]
+        self._param_names = [n for n, _ in module.named_parameters(remove_duplicate=False)]
         # frozen parameters get units of their own: gathered alike, never reduce-scattered
-        self._units = [_Unit(path, m, part, group, rank, world_size, global_rank(0), param_dtype)
+        self._units = [_Unit(path, m, part, group, rank, world_size, global_rank(0), param_dtype, aliases)
                        for path, m, params in owners
                        for part in ([(n, p) for n, p in params if p.requires_grad],
                                     [(n, p) for n, p in params if not p.requires_grad]) if part]
@@ -387,6 +437,8 @@ class FullyShardedModule(nn.Module):
             prefix = f"{unit.path}." if unit.path else ""
             for name, shape, off, n in zip(unit.names, unit.shapes, unit.offsets, unit.numels):
                 out[prefix + name] = full[off:off + n].view(shape).clone()
+                for alias in unit.alias_names[name]:            # a tied weight: one tensor, two names
+                    out[alias] = out[prefix + name]
         out = {name: out[name] for name in self._param_names if name in out} | out   # the model's order
         for name, buf in self.module.named_buffers():
             out[name] = buf.detach().clone()
