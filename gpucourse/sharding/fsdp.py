@@ -314,8 +314,11 @@ class FullyShardedModule(nn.Module):
         the layer's forward (a tied head ``F.linear(x, self.tok_emb.weight)``) finds ``None``
         unless the layer is in ``keep_gathered`` (embeddings are, by default). With
         ``param_dtype`` the outputs come in that dtype: compute the loss in fp32
-        (``loss_fn(out.float(), y)``), and with fp16 scale it (``torch.amp.GradScaler``, chapter 06)
-        — bf16 needs no scaler.
+        (``loss_fn(out.float(), y)``). fp16 gradients can underflow without loss scaling, and a
+        scaler that checks each rank's shard for inf on its own lets the ranks disagree on
+        skipping a step: prefer bf16, which needs no scaler. The optimizer sees one flat shard
+        per unit, so parameter groups can separate units but not the parameters inside one
+        (no weight decay on a Linear's bias alone); FSDP2 shards each parameter and can.
     """
 
     def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None):

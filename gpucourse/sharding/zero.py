@@ -129,7 +129,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         whose ``.grad`` is ``None``, its slice is updated with that zero gradient (momentum and
         weight decay still act on it). The state is sliced element by element: optimizers whose
         state is per tensor (LAMB's trust ratio, Adafactor) do not shard this way. Freezing or
-        unfreezing a parameter after construction raises at the next ``step()``.
+        unfreezing a parameter after construction raises at the next ``step()``. fp16 loss
+        scaling (``torch.amp.GradScaler``) does not fit: it looks for inf in each rank's own
+        gradients before ``step()`` averages them (ranks could disagree on skipping a step), and
+        in stage 2 it finds none — train in bf16, which needs no scaler.
     """
 
     def __init__(self, params, optimizer_class, *, stage: int = 1, group=None, **optimizer_kwargs):

@@ -1,7 +1,6 @@
 """FullyShardedModule with frozen parameters and a compute dtype equals FSDP2 ``fully_shard`` with
 ``MixedPrecisionPolicy(param_dtype=…, reduce_dtype=torch.float32)``, bit for bit on 2 gloo ranks."""
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -88,10 +87,10 @@ def _vs_fsdp2(rank, world_size, steps):
             equal.append(torch.equal(outs[0], outs[1]) and want.keys() == got.keys()
                          and all(torch.equal(got[k], v) for k, v in want.items()))
             calls["all-gather dtypes"] = set()
-        out[str(dtype)] = dict(equal=equal, out_dtypes=out_dtypes, grads=grads, gathered_left=gathered_left,
-                               reduce_scatters=calls["reduce-scatter"], gather_dtypes=gather_dtypes,
-                               frozen_kept=all(torch.equal(got[k], Net().state_dict()[k])
-                                               for k in ("emb.weight", "body.3.weight", "body.3.bias")))
+        frozen_kept = all(torch.equal(got[k], Net().state_dict()[k]) for k in ("emb.weight", "body.3.weight", "body.3.bias"))
+        out[str(dtype)] = {"equal": equal, "out_dtypes": out_dtypes, "grads": grads, "gathered_left": gathered_left,
+                           "reduce_scatters": calls["reduce-scatter"], "gather_dtypes": gather_dtypes,
+                           "frozen_kept": frozen_kept}
     return out
 
 
