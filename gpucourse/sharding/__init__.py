@@ -3,8 +3,10 @@
 - ``memory_model``  where DDP's memory goes (16Ψ) and what each ZeRO stage removes; measured per rank
 - ``communication`` bytes and α-β time per step of each stage (ZeRO-1/2 = DDP, ZeRO-3 = 1.5×), measured
 - ``collectives``   reduce-scatter and all-gather from send/recv: the two halves of the ring
-- ``zero``          ``ZeroOptimizer``: ZeRO-1/2 on a flat buffer of padded shards
-- ``fsdp``          ``FullyShardedModule``: ZeRO-3, parameters gathered per layer, gradients reduce-scattered
+- ``zero``          ``ZeroOptimizer``: ZeRO-1/2 on a flat buffer of padded shards, a ``torch.optim.Optimizer``
+- ``zero_bookkeeping`` its parameter groups on the flat buffer and its checkpoints (per rank, consolidated)
+- ``fsdp``          ``FullyShardedModule``: ZeRO-3, parameters gathered per layer, gradients reduce-scattered;
+                    frozen parameters, tied weights, a compute dtype (``param_dtype``) on fp32 shards
 - ``recompute``     activation checkpointing: memory vs step time, measured
 - ``training``      one run six ways: DDP, ZeRO-1/2/3, ``ZeroRedundancyOptimizer``, FSDP2 ``fully_shard``
 """

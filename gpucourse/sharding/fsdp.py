@@ -24,7 +24,14 @@ all-reduce of DDP. Memory: the shards (1/N) plus one layer's full parameters at 
 after the embedding ran — is already freed when it is needed. Such layers stay gathered for the
 whole forward of the model (FSDP's *root unit*): every ``nn.Embedding`` by default, or the layers
 named in ``keep_gathered``. Both uses add their gradient into the one gathered buffer, so its
-reduce-scatter sends the tied weight's full gradient once.
+reduce-scatter sends the tied weight's full gradient once. A parameter that two modules *hold*
+(nanoGPT's ``head.weight = wte.weight``) is sharded once, in the first module's unit, which stays
+gathered for the whole forward; the other module's attribute points at the same gathered view.
+
+**In your own loop** (frozen layers, bf16 compute) — the plumbing is small: a frozen parameter
+gets a unit of its own that is gathered but never reduce-scattered; ``param_dtype`` casts each
+shard before the all-gather and each gradient back to fp32 before the reduce-scatter, as FSDP2's
+``MixedPrecisionPolicy(param_dtype=…, reduce_dtype=torch.float32)`` does.
 """
 
 from __future__ import annotations
@@ -40,15 +47,21 @@ __all__ = ["FullyShardedModule"]
 
 
 class _Unit:
-    """One unit's parameters (``params``: ``[(name relative to module, parameter), …]``): names,
-    shapes, where they sit in its flat buffer, its shard."""
+    """One unit's parameters (``params``: ``[(name relative to module, parameter), …]``, all
+    trainable or all frozen): names, shapes, where they sit in its flat buffer, its shard, and the
+    dtype they are gathered in for compute."""
 
     def __init__(self, path: str, module: nn.Module, params: list, group, rank: int, world_size: int,
-                 root_rank: int):
+                 root_rank: int, param_dtype: torch.dtype | None = None, aliases: dict | None = None):
         self.path, self.module, self.group = path, module, group
         self.rank, self.world_size = rank, world_size
+        self.trainable = params[0][1].requires_grad
         self.names = [n for n, _ in params]
-        self.owners = [_owner(module, n) for n in self.names]        # (module holding it, attribute)
+        # per parameter: every (module holding it, attribute) — more than one for a tied weight
+        aliases = aliases or {}
+        self.owners = [[_owner(module, n)] + [(m, leaf) for m, leaf, _ in aliases.get(id(p), [])]
+                       for n, p in params]
+        self.alias_names = {n: [name for _, _, name in aliases.get(id(p), [])] for n, p in params}
         self.shapes = [p.shape for _, p in params]
         self.numels = [p.numel() for _, p in params]
         self.offsets = [sum(self.numels[:i]) for i in range(len(params))]
@@ -60,19 +73,31 @@ class _Unit:
                 flat[off:off + p.numel()] = p.reshape(-1)
         if world_size > 1:
             dist.broadcast(flat, root_rank, group=group)       # every rank starts from rank 0's values
-        self.shard = nn.Parameter(flat.view(world_size, -1)[rank].clone())      # (S,) mine
+        self.shard = nn.Parameter(flat.view(world_size, -1)[rank].clone(), requires_grad=self.trainable)  # (S,)
+        self.compute_dtype = param_dtype or self.shard.dtype      # the shard stays the master copy
         self.full = None                    # the gathered (N·S,) buffer while it is needed
-        for owner, leaf in self.owners:     # the layer keeps no parameters of its own any more
-            del owner._parameters[leaf]
+        for owner, leaf in (o for owners in self.owners for o in owners):
+            del owner._parameters[leaf]     # the layer keeps no parameters of its own any more
             setattr(owner, leaf, None)
 
-    def gather(self) -> torch.Tensor:
-        """All-gather the full flat buffer (no autograd): ``(N·S,)``."""
-        if self.full is None:
-            buf = torch.empty(self.padded, dtype=self.shard.dtype, device=self.shard.device)
-            buf.view(self.world_size, -1)[self.rank].copy_(self.shard.detach())
-            self.full = _all_gather_flat(buf, self.group)
-        return self.full
+    def gather(self, *, keep: bool = True) -> torch.Tensor:
+        """All-gather the full flat buffer in the compute dtype (no autograd): ``(N·S,)``.
+
+        The shard is cast *before* the all-gather (bf16 sends half the bytes of fp32), as FSDP2
+        does. ``keep=False``: do not hold on to the result (a frozen unit's backward re-gather,
+        which no reduce-scatter frees afterwards).
+        """
+        if self.full is not None:
+            return self.full
+        full = self.all_gather(self.compute_dtype)
+        if keep:
+            self.full = full
+        return full
+
+    def all_gather(self, dtype: torch.dtype) -> torch.Tensor:
+        buf = torch.empty(self.padded, dtype=dtype, device=self.shard.device)
+        buf.view(self.world_size, -1)[self.rank].copy_(self.shard.detach())      # cast here
+        return _all_gather_flat(buf, self.group)
 
     def views(self, full: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The unit's parameters as views into the flat buffer ``full``, in ``names`` order."""
@@ -80,12 +105,13 @@ class _Unit:
 
     def attach(self, params) -> None:
         """Point the layer's parameter names at ``params`` (views into the gathered buffer)."""
-        for (owner, leaf), p in zip(self.owners, params):
-            setattr(owner, leaf, p)
+        for owners, p in zip(self.owners, params):
+            for owner, leaf in owners:
+                setattr(owner, leaf, p)
 
     def release(self) -> None:
         self.full = None
-        for owner, leaf in self.owners:
+        for owner, leaf in (o for owners in self.owners for o in owners):
             setattr(owner, leaf, None)
 
 
@@ -114,7 +140,8 @@ class _GatherParams(torch.autograd.Function):
     def backward(ctx, *grads):
         unit = ctx.unit
         unit.full = None                                      # backward of this layer is done
-        flat = torch.empty(unit.padded, dtype=unit.shard.dtype, device=unit.shard.device)  # (N·S,) mine
+        # (N·S,) in the shard's dtype: low-precision gradients are cast up *before* the sum
+        flat = torch.empty(unit.padded, dtype=unit.shard.dtype, device=unit.shard.device)
         flat[sum(unit.numels):].zero_()                       # the padding
         for g, off, n in zip(grads, unit.offsets, unit.numels):
             if g is None:                                     # a parameter this step did not use
@@ -122,7 +149,7 @@ class _GatherParams(torch.autograd.Function):
             else:
                 flat[off:off + n].copy_(g.reshape(-1))
         mine = _reduce_scatter_flat(flat, unit.group)         # (S,) sum over ranks of my slice
-        return mine.div(unit.world_size), None
+        return mine.div(unit.world_size), None                # ... divided by N once
 
 
 class _Note:
@@ -134,10 +161,12 @@ class _Note:
         self.unit, self.size, self.stride, self.offset = unit, t.size(), t.stride(), t.storage_offset()
 
 
-def _units_of(module: nn.Module, units) -> list[tuple[str, nn.Module, list]]:
+def _units_of(module: nn.Module, units) -> tuple[list[tuple[str, nn.Module, list]], dict]:
     """``[(path, module, [(name relative to it, parameter), …]), …]``: one unit per path in ``units``
     (the parameters below it that no deeper path claims), then every module that owns parameters
-    below no path, on its own (``units=None``: all of them)."""
+    below no path, on its own (``units=None``: all of them). A parameter that several modules own
+    (a tied weight, ``head.weight = wte.weight``) is claimed by the first; the second dict maps it
+    to its other owners, ``id(param) → [(module, attribute, full name), …]``."""
     modules = dict(module.named_modules())
     if units is None:
         units = []
@@ -159,9 +188,17 @@ def _units_of(module: nn.Module, units) -> list[tuple[str, nn.Module, list]]:
         above = [u for u in units if u == "" or path == u or path.startswith(u + ".")]
         return max(above, key=len) if above else None
 
-    claimed, loose = {u: [] for u in units}, []
+    claimed, loose, aliases, seen = {u: [] for u in units}, [], {}, set()
     for path, m in modules.items():
-        own = list(m.named_parameters(recurse=False))
+        own = []
+        for n, p in m._parameters.items():
+            if p is None:
+                continue
+            if id(p) in seen:                   # tied: already claimed by an earlier module
+                aliases.setdefault(id(p), []).append((m, n, f"{path}.{n}" if path else n))
+            else:
+                seen.add(id(p))
+                own.append((n, p))
         if not own:
             continue
         u = unit_of(path)
@@ -173,7 +210,23 @@ def _units_of(module: nn.Module, units) -> list[tuple[str, nn.Module, list]]:
     empty = [u for u in units if not claimed[u]]
     if empty:
         raise ValueError(f"units: {empty} hold no parameters (none below them, or deeper units claim them all)")
-    return [(u, modules[u], claimed[u]) for u in units] + loose
+    return [(u, modules[u], claimed[u]) for u in units] + loose, aliases
+
+
+def _tied_outside(owners: list, aliases: dict) -> dict[str, list[str]]:
+    """Units holding a tied weight that a module *outside* the unit also holds: ``{path: [names]}``.
+
+    The unit's own forward hooks do not cover that other module's forward, so the unit must stay
+    gathered for the whole forward (a GPT head tied to the embedding, ``head.weight = wte.weight``).
+    """
+    out = {}
+    for path, _, params in owners:
+        for n, p in params:
+            for _, _, name in aliases.get(id(p), []):
+                holder = name.rpartition(".")[0]
+                if path and holder != path and not holder.startswith(path + "."):
+                    out.setdefault(path, []).append(name)
+    return out
 
 
 class FullyShardedModule(nn.Module):
@@ -183,9 +236,26 @@ class FullyShardedModule(nn.Module):
     with ``units=``, every listed module (a transformer block) with all its parameters: its
     parameters are flattened, padded to split evenly, and rank ``r`` keeps slice ``r``. Forward and
     backward gather a unit's full parameters just before it runs and free them after; the backward
-    reduce-scatters the gradients into the shards, averaged over ranks like DDP. Outputs equal the
-    unsharded model's, and an optimizer on ``parameters()`` makes the same updates as DDP + that
-    optimizer on the same global batch.
+    reduce-scatters the gradients into the shards — summed over ranks, then divided by N once.
+    Outputs equal the unsharded model's, and an optimizer on ``parameters()`` makes the same
+    updates as DDP + that optimizer on the same global batch: bit for bit on 2 ranks, within one
+    rounding of the gradient per step on 3 (DDP multiplies by ``1/N`` before it sums; see
+    ``zero.py``'s module docstring for the measurement and for why neither equals one process on
+    the whole batch bit for bit). A layer *called twice* in one forward is gathered, and
+    reduce-scattered, once per call: ``(a₁ + b₁)/2 + (a₂ + b₂)/2`` where DDP sums locally first,
+    ``((a₁ + a₂) + (b₁ + b₂))/2`` — equal within a rounding; list it in ``keep_gathered`` for DDP's
+    bits (one gather, one reduce-scatter of the summed gradient).
+
+    **Frozen parameters** (``requires_grad=False``, a frozen embedding) are sharded and gathered
+    like the others, in units of their own, but never reduce-scattered: their shards have
+    ``requires_grad=False`` and get no gradient, so an optimizer on ``parameters()`` leaves them.
+
+    **Mixed precision** (``param_dtype=torch.bfloat16`` or ``torch.float16``): the shards stay in the
+    model's dtype (fp32) — they are the master weights the optimizer updates. Each all-gather casts
+    the shard to ``param_dtype`` first (half the bytes on the wire), the layers compute in it, and
+    floating-point inputs of the model and of every unit are cast to it; each unit's gradients are
+    cast back to fp32 *before* the reduce-scatter, so the shards' gradients are summed and stored in
+    fp32 — FSDP2's ``MixedPrecisionPolicy(param_dtype=…, reduce_dtype=torch.float32)``.
 
     Args:
         module: the model. Its parameters are taken out of it (rank 0's values are used on every
@@ -194,7 +264,9 @@ class FullyShardedModule(nn.Module):
         keep_gathered: paths (as in ``named_modules()``) of the units whose parameters stay
             gathered from the start to the end of the model's forward instead of only during their
             own forward; needed for a weight the model reads outside its layer, e.g. a head tied to
-            the embedding. ``None`` (default): every unit that holds an ``nn.Embedding``.
+            the embedding. ``None`` (default): every unit that holds an ``nn.Embedding``, and every
+            unit holding a weight that a module outside it holds too (``head.weight = wte.weight``:
+            one parameter, sharded once, under both names) — an explicit list must include those.
         units: paths of modules to shard as *one* unit each — FSDP's wrapping, e.g. every
             transformer block and ``""`` (the model: whatever no block claims). A unit holds every
             parameter below it that no deeper unit in the list claims; modules owning parameters
@@ -203,6 +275,9 @@ class FullyShardedModule(nn.Module):
             backward (all-gather, all-gather again for the backward — skipped when the backward
             does not read the weights, as an embedding's — and reduce-scatter): fewer, larger units
             mean fewer waits, while more full parameters exist at once (a whole block's).
+        param_dtype: ``None`` (default: compute in the parameters' own dtype) or the dtype the
+            layers compute in, e.g. ``torch.bfloat16``; the shards and their gradients keep the
+            parameters' dtype.
 
     Example::
 
@@ -221,6 +296,14 @@ class FullyShardedModule(nn.Module):
         ...     return len(each.shards), len(gc.FullyShardedModule(net, units=[""]).shards)
         >>> gc.launch(wrapped, 2)[0]
         (2, 1)
+        >>> def bf16(rank, world_size):                             # bf16 compute, fp32 master shards
+        ...     model = gc.FullyShardedModule(torch.nn.Linear(4, 3), param_dtype=torch.bfloat16)
+        ...     out = model(torch.ones(2, 4))
+        ...     out.float().sum().backward()
+        ...     shard = model.shards[0]
+        ...     return out.dtype, shard.dtype, shard.grad.dtype
+        >>> gc.launch(bf16, 2)[0]
+        (torch.bfloat16, torch.float32, torch.float32)
 
     .. warning::
         Every rank must run the same layers in the same order, forward and backward: each gather
@@ -229,18 +312,23 @@ class FullyShardedModule(nn.Module):
         device — sharding does not split a layer's computation (that is tensor parallelism).
         A layer's parameters exist only while it runs: code that reads ``layer.weight`` outside
         the layer's forward (a tied head ``F.linear(x, self.tok_emb.weight)``) finds ``None``
-        unless the layer is in ``keep_gathered`` (embeddings are, by default).
+        unless the layer is in ``keep_gathered`` (embeddings are, by default). With
+        ``param_dtype`` the outputs come in that dtype: compute the loss in fp32
+        (``loss_fn(out.float(), y)``). fp16 gradients can underflow without loss scaling, and a
+        scaler that checks each rank's shard for inf on its own lets the ranks disagree on
+        skipping a step: prefer bf16, which needs no scaler. The optimizer sees one flat shard
+        per unit, so parameter groups can separate units but not the parameters inside one
+        (no weight decay on a Linear's bias alone); FSDP2 shards each parameter and can.
     """
 
-    def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None):
+    def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None):
         super().__init__()
         validate.check_type("module", module, nn.Module, "an nn.Module")
         if not any(True for _ in module.parameters()):
             raise ValueError(f"module ({type(module).__name__}) has no parameters: there is nothing to shard")
-        frozen = [n for n, p in module.named_parameters() if not p.requires_grad]
-        if frozen:
-            raise ValueError(f"parameters {frozen} do not require grad; FullyShardedModule trains every "
-                             "parameter of the module (freeze nothing, or leave those layers outside it)")
+        if param_dtype is not None and not (isinstance(param_dtype, torch.dtype) and param_dtype.is_floating_point):
+            raise TypeError(f"param_dtype must be None or a floating-point torch.dtype such as torch.bfloat16, "
+                            f"got {param_dtype!r}")
         mixed = [path for path, m in module.named_modules()
                  if len({p.dtype for p in m.parameters(recurse=False)}) > 1]
         if mixed:
@@ -248,10 +336,12 @@ class FullyShardedModule(nn.Module):
                              "are flattened into one buffer and must share one dtype")
         # 1) one unit per submodule that owns parameters itself (Linear, LayerNorm, ...), or per
         #    module named in ``units`` (all the parameters below it that no deeper unit claims)
-        owners = _units_of(module, units)
-        if keep_gathered is None:              # embeddings: the layer a GPT head is tied to
+        owners, aliases = _units_of(module, units)
+        tied = _tied_outside(owners, aliases)   # unit path -> a weight another module reads too
+        if keep_gathered is None:              # embeddings (the layer a GPT head is tied to), ties
             keep_gathered = [path for path, m, params in owners
-                             if any(isinstance(_owner(m, n)[0], nn.Embedding) for n, _ in params)]
+                             if any(isinstance(_owner(m, n)[0], nn.Embedding) for n, _ in params)
+                             or path in tied]
         else:
             if isinstance(keep_gathered, str):
                 raise TypeError("keep_gathered must be a list of module paths, got one string "
@@ -261,13 +351,23 @@ class FullyShardedModule(nn.Module):
             if unknown:
                 raise ValueError(f"keep_gathered: {unknown} are not units (modules that own parameters, or "
                                  f"the paths in units=); allowed: {[path for path, _, _ in owners]}")
+            missing = {path: names for path, names in tied.items() if path not in keep_gathered}
+            if missing:
+                raise ValueError(f"keep_gathered must list the units of tied weights (one tensor that several "
+                                 f"modules hold), which are read outside their unit's forward: {missing}; "
+                                 f"add {sorted(missing)}")
         rank, world_size, global_rank = group_info(group)
-        _same_on_every_rank("the parameters' names and shapes and the units",
-                            ([(n, tuple(p.shape)) for n, p in module.named_parameters()],
+        _same_on_every_rank("the parameters' names, shapes and requires_grad and the units",
+                            ([(n, tuple(p.shape), p.requires_grad) for n, p in module.named_parameters()],
                              [path for path, _, _ in owners]), group)
         self.module, self.group = module, group
-        self.rank, self.world_size = rank, world_size
-        self._units = [_Unit(path, m, params, group, rank, world_size, global_rank(0)) for path, m, params in owners]
+        self.rank, self.world_size, self.param_dtype = rank, world_size, param_dtype
+        self._param_names = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+        # frozen parameters get units of their own: gathered alike, never reduce-scattered
+        self._units = [_Unit(path, m, part, group, rank, world_size, global_rank(0), param_dtype, aliases)
+                       for path, m, params in owners
+                       for part in ([(n, p) for n, p in params if p.requires_grad],
+                                    [(n, p) for n, p in params if not p.requires_grad]) if part]
         self.shards = nn.ParameterList([u.shard for u in self._units])   # what parameters() yields
         self._gathered: dict[int, _Unit] = {}       # storage pointer of a gathered buffer -> its unit
         # the units gathered for the whole forward (FSDP's root unit), the others around their layer
@@ -275,12 +375,12 @@ class FullyShardedModule(nn.Module):
         for unit in self._units:
             if unit in self._outer:
                 continue
-            unit.module.register_forward_pre_hook(self._make_pre_hook(unit))
+            unit.module.register_forward_pre_hook(self._make_pre_hook(unit), with_kwargs=True)
             unit.module.register_forward_hook(self._make_post_hook(unit), always_call=True)
 
     # -- 2) forward: gather before the layer, free after it -------------------------------------
     def _gather(self, unit) -> None:
-        if torch.is_grad_enabled():
+        if unit.trainable and torch.is_grad_enabled():
             params = _GatherParams.apply(unit.shard, unit)      # backward = reduce-scatter
         else:
             params = unit.views(unit.gather())
@@ -293,8 +393,11 @@ class FullyShardedModule(nn.Module):
         unit.release()
 
     def _make_pre_hook(self, unit):
-        def pre_hook(module, args):
+        def pre_hook(module, args, kwargs):
             self._gather(unit)
+            if self.param_dtype is not None:                  # FSDP2's cast_forward_inputs
+                return _cast_floating(args, self.param_dtype), _cast_floating(kwargs, self.param_dtype)
+            return None
         return pre_hook
 
     def _make_post_hook(self, unit):
@@ -310,11 +413,14 @@ class FullyShardedModule(nn.Module):
     @staticmethod
     def _unpack(saved):
         if isinstance(saved, _Note):
-            full = saved.unit.gather()            # freed by _GatherParams.backward
+            unit = saved.unit                     # trainable: freed by _GatherParams.backward;
+            full = unit.gather(keep=unit.trainable)   # frozen: nothing frees it, so not kept
             return full.as_strided(saved.size, saved.stride, saved.offset)
         return saved
 
     def forward(self, *args, **kwargs):
+        if self.param_dtype is not None:
+            args, kwargs = _cast_floating(args, self.param_dtype), _cast_floating(kwargs, self.param_dtype)
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             for unit in self._outer:              # tied layers: gathered for the whole forward
                 self._gather(unit)
@@ -330,11 +436,26 @@ class FullyShardedModule(nn.Module):
         """The unsharded model's ``state_dict`` (parameters gathered, buffers as they are), on every rank."""
         out = {}
         for unit in self._units:
-            full = unit.gather()
+            full = unit.all_gather(unit.shard.dtype)          # the master weights, not a cast copy
             prefix = f"{unit.path}." if unit.path else ""
             for name, shape, off, n in zip(unit.names, unit.shapes, unit.offsets, unit.numels):
                 out[prefix + name] = full[off:off + n].view(shape).clone()
-            unit.full = None
+                for alias in unit.alias_names[name]:            # a tied weight: one tensor, two names
+                    out[alias] = out[prefix + name]
+        out = {name: out[name] for name in self._param_names if name in out} | out   # the model's order
         for name, buf in self.module.named_buffers():
             out[name] = buf.detach().clone()
         return out
+
+
+def _cast_floating(obj, dtype: torch.dtype):
+    """``obj`` (a tensor, or tuples, lists and dicts of them) with floating-point tensors cast to ``dtype``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):                 # a namedtuple
+        return type(obj)(*(_cast_floating(o, dtype) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_cast_floating(o, dtype) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _cast_floating(v, dtype) for k, v in obj.items()}
+    return obj

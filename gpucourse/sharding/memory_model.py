@@ -134,7 +134,15 @@ def _storage_bytes(tensors) -> int:
 
 
 def _optimizer_params(optimizer) -> list:
-    return [p for g in optimizer.param_groups for p in g["params"]]
+    """The tensors an optimizer steps: its parameter groups' and those of the optimizers it wraps —
+    a ZeroOptimizer's local optimizer holds the rank's slice, whose gradient is all a ZeRO-2 rank
+    keeps (``.optimizer``), torch's ZeroRedundancyOptimizer's its local part (``.optim``), and a
+    wrapper stepping several as one lists them in ``.optimizers``."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    inner = [getattr(optimizer, name, None) for name in ("optimizer", "optim")]
+    for o in [o for o in inner if o is not None and o is not optimizer] + list(getattr(optimizer, "optimizers", ())):
+        params += _optimizer_params(o)
+    return params
 
 
 def _optimizer_state_tensors(optimizer) -> list:

@@ -3,15 +3,15 @@
 DDP runs the same optimizer step on every rank, on the same averaged gradients: N copies of the
 same work and of the same Adam state. ZeRO cuts the work and the state into N slices instead:
 
-1) **one flat buffer** — every parameter becomes a view into one 1-D tensor, zero-padded to
-   ``N · S`` elements (``S = ceil(Ψ / N)``), so it splits into N equal shards; rank ``r`` owns
-   elements ``[r·S, (r+1)·S)`` (:func:`shard_ranges`). Its shard is a ``Parameter`` viewing that
-   slice: the inner optimizer is built on it alone, so its state is ``1/N`` of the whole.
-2) **reduce-scatter the gradients** — rank ``r`` receives the sum of slice ``r`` only, divided by N
-   (the average DDP computes). Stage 1 does it in ``step()``: the model's full gradients stay on
-   every rank until then (``4Ψ + KΨ/N``). Stage 2 does it in a hook as soon as backward has
-   produced the last gradient and frees the full gradients: only the shard's gradient is kept
-   (``2Ψ + (2 + K)Ψ/N``).
+1) **one flat buffer** — every trainable parameter becomes a view into one 1-D tensor, zero-padded
+   to ``N · S`` elements (``S = ceil(Ψ / N)``), so it splits into N equal shards; rank ``r`` owns
+   elements ``[r·S, (r+1)·S)`` (:func:`shard_ranges`). The inner optimizer is built on that slice
+   alone, so its state is ``1/N`` of the whole.
+2) **reduce-scatter the gradients** — rank ``r`` receives the sum of slice ``r`` only and divides
+   it by N once (the average DDP computes). Stage 1 does it in ``step()``: the model's full
+   gradients stay on every rank until then (``4Ψ + KΨ/N``). Stage 2 does it in a hook as soon as
+   backward has produced the last gradient and frees the full gradients: only the shard's gradient
+   is kept (``2Ψ + (2 + K)Ψ/N``).
 3) **step on the shard** — the inner optimizer (AdamW, SGD, …) updates slice ``r`` in place.
 4) **all-gather the parameters** — the updated slices travel around the ring, into the flat buffer,
    so every rank's model holds all updated parameters again.
@@ -19,6 +19,22 @@ same work and of the same Adam state. ZeRO cuts the work and the state into N sl
 Reduce-scatter + all-gather send as much as DDP's all-reduce (which *is* those two halves), so
 stages 1 and 2 cost no extra communication. The model is not wrapped in DDP: ``step()`` averages
 the gradients itself, as DeepSpeed's engine does.
+
+**A drop-in optimizer.** :class:`ZeroOptimizer` is a ``torch.optim.Optimizer``: parameter groups
+with their own options, frozen parameters, learning-rate schedulers, ``add_param_group`` and
+checkpoints work as with ``torch.optim``. The groups are laid out one after another in the flat
+buffer, so a rank's slice holds one piece of each group, and the inner optimizer gets one group
+per piece (the bookkeeping lives in ``zero_bookkeeping.py``).
+
+**Sum, then divide once.** Each rank's slice is the sum over ranks, divided by N once. Torch's DDP
+(measured, torch 2.14) multiplies every gradient by ``1/N`` first and then sums. With N = 2 (or
+any power of two) scaling by ``1/N`` is exact, so both orders give the same bits, and 2 ranks
+train *bit for bit* like DDP + the same optimizer (tested). With N = 3 the two roundings differ by
+up to one unit in the last place per step. Neither equals one process on the whole batch bit for
+bit: that process sums the batch inside one matmul kernel, data parallelism adds per-rank partial
+sums — measured here a few units in the last place of the gradients (1e-8 to 4e-7 on values of
+order 1), which 3 AdamW steps carry to at most ~4e-7 on the parameters (the tests allow
+``atol=1e-6, rtol=1e-5``).
 """
 
 from __future__ import annotations
@@ -28,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..runtime import group_info, validate
+from . import zero_bookkeeping as books
 from .collectives import _all_gather_flat, _reduce_scatter_flat, _same_on_every_rank, shard_size
 
 __all__ = ["ZeroOptimizer", "shard_ranges"]
@@ -51,22 +68,29 @@ def shard_ranges(numel: int, world_size: int) -> list[tuple[int, int]]:
     return [(r * s, (r + 1) * s) for r in range(world_size)]
 
 
-class ZeroOptimizer:
-    """ZeRO stage 1 or 2 around any ``torch.optim`` optimizer, on an unwrapped model.
+class ZeroOptimizer(torch.optim.Optimizer):
+    """ZeRO stage 1 or 2 around any element-wise ``torch.optim`` optimizer, on an unwrapped model.
 
     Build it on the model's parameters on every rank, then train as with a plain optimizer:
     ``loss.backward(); opt.step(); opt.zero_grad()``. ``step()`` averages the gradients across
     ranks (reduce-scatter), updates this rank's shard with ``optimizer_class`` and all-gathers the
-    parameters: after N steps the model equals DDP + ``optimizer_class`` on the same global batch.
+    parameters: after N steps the model equals DDP + ``optimizer_class`` on the same global batch
+    (bit for bit on 2 ranks; see the module docstring for why, and the tolerance elsewhere).
+
+    It is a ``torch.optim.Optimizer``: ``param_groups`` hold the model's parameters with their
+    options, so learning-rate schedulers, per-group options and ``add_param_group`` work as usual.
 
     Args:
-        params: the model's parameters (an iterable of tensors; one parameter group). At
-            construction they are moved into one flat buffer (each becomes a view into it) and
-            set to rank 0's values, as DDP does.
+        params: the model's parameters, or parameter groups
+            (``[{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]``).
+            At construction the trainable ones are moved into one flat buffer (each becomes a view
+            into it) and set to rank 0's values, as DDP does; frozen ones (``requires_grad=False``)
+            are only set to rank 0's values, and never updated.
         optimizer_class: e.g. ``torch.optim.AdamW``; it is built on this rank's shard only.
         stage: 1 (optimizer state sharded) or 2 (gradients too).
         group: the process group (default: the default group).
-        **optimizer_kwargs: passed to ``optimizer_class`` (``lr=…``, ``weight_decay=…``).
+        **optimizer_kwargs: the defaults of every group, passed to ``optimizer_class``
+            (``lr=…``, ``weight_decay=…``).
 
     Example::
 
@@ -82,17 +106,34 @@ class ZeroOptimizer:
         >>> (s0, w0), (s1, w1) = gc.launch(train, 2)
         >>> s0, s1, w0 == w1                                    # 15 values padded to 2 x 8
         (8, 8, True)
+        >>> def schedule(rank, world_size):                     # groups + a scheduler, as torch.optim
+        ...     model = torch.nn.Linear(4, 3)
+        ...     groups = [{"params": [model.weight], "weight_decay": 0.1},
+        ...               {"params": [model.bias], "weight_decay": 0.0}]
+        ...     opt = gc.ZeroOptimizer(groups, torch.optim.AdamW, lr=0.1)
+        ...     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        ...     model(torch.ones(2, 4)).sum().backward()
+        ...     opt.step(); sched.step()
+        ...     return isinstance(opt, torch.optim.Optimizer), [g["lr"] for g in opt.param_groups]
+        >>> gc.launch(schedule, 2)[0]
+        (True, [0.05, 0.05])
 
     .. warning::
         The parameters become views into the flat buffer. Assigning ``p.data = …`` (or moving the
         model with ``.to()``) afterwards detaches them from it, and the updates no longer reach the
         model. In stage 1 their ``.grad`` are views into a flat gradient buffer that ``step()``
         reduce-scatters in place: read (or clip) gradients before ``step()``, not after.
-        Every rank must call ``step()`` — it holds two collectives. In stage 2 every
-        parameter must get a gradient in each backward (as in DDP without
-        ``find_unused_parameters``); one that does not is reduced, as zeros, at ``step()`` — and,
-        unlike ``torch.optim``, which skips a parameter whose ``.grad`` is ``None``, the shard is
-        updated with that zero gradient (momentum and weight decay still act on it).
+        Every rank must call ``step()`` — it holds two collectives — and ``add_param_group`` and
+        ``consolidate_state_dict``. In stage 2 every trainable parameter must get a gradient in
+        each backward (as in DDP without ``find_unused_parameters``); one that does not is
+        reduced, as zeros, at ``step()`` — and, unlike ``torch.optim``, which skips a parameter
+        whose ``.grad`` is ``None``, its slice is updated with that zero gradient (momentum and
+        weight decay still act on it). The state is sliced element by element: optimizers whose
+        state is per tensor (LAMB's trust ratio, Adafactor) do not shard this way. Freezing or
+        unfreezing a parameter after construction raises at the next ``step()``. fp16 loss
+        scaling (``torch.amp.GradScaler``) does not fit: it looks for inf in each rank's own
+        gradients before ``step()`` averages them (ranks could disagree on skipping a step), and
+        in stage 2 it finds none — train in bf16, which needs no scaler.
     """
 
     def __init__(self, params, optimizer_class, *, stage: int = 1, group=None, **optimizer_kwargs):
@@ -100,50 +141,59 @@ class ZeroOptimizer:
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError(f"optimizer_class must be a torch.optim.Optimizer subclass such as "
                             f"torch.optim.AdamW, got {optimizer_class!r}")
-        if isinstance(params, torch.Tensor):
-            raise TypeError("params must be an iterable of tensors (model.parameters()), got one tensor")
-        self.params = list(params)
-        for i, p in enumerate(self.params):
-            if isinstance(p, dict):
-                raise TypeError("params: parameter groups (dicts) are not supported; pass model.parameters()")
-            validate.check_tensor(f"params[{i}]", p, floating=True)
-        if not self.params:
-            raise ValueError("params is empty: the model has no parameters to optimize")
-        frozen = [i for i, p in enumerate(self.params) if not p.requires_grad]
-        if frozen:
-            raise ValueError(f"params {frozen} do not require grad; pass only trainable parameters: "
-                             "[p for p in model.parameters() if p.requires_grad]")
-        first = self.params[0]
-        if any(p.dtype != first.dtype or p.device != first.device for p in self.params):
-            raise ValueError("params must all have one dtype and device, got "
-                             f"{sorted({(str(p.dtype), str(p.device)) for p in self.params})}")
-        self.stage, self.group = stage, group
+        self._built = False
+        self._seen: dict[int, int] = {}                   # id(param) -> its group, for add_param_group
+        # torch.optim's bookkeeping: self.param_groups holds the model's parameters and options
+        super().__init__(books.param_groups_of(params), optimizer_kwargs)
+        books.check_trainable(self.param_groups)
+        self.optimizer_class, self.stage, self.group = optimizer_class, stage, group
         self.rank, self.world_size, self._global_rank = group_info(group)
+        self._hooked: set[int] = set()
+        self._build()
+        self._built = True
+
+    def _build(self) -> None:
+        """1) the flat buffer, this rank's shard, and the inner optimizer on its pieces."""
+        groups = self.param_groups
+        first = books.check_trainable(groups)[0]
         # every rank must describe the same model, or the shards would not line up (no hang: a
         # small all-gather of the shapes first, then the same ValueError on every rank)
-        _same_on_every_rank("the parameters' shapes", [tuple(p.shape) for p in self.params], group)
+        _same_on_every_rank("the parameters' shapes", [[(tuple(p.shape), p.requires_grad) for p in g["params"]]
+                                                       for g in groups], self.group)
 
-        # 1) the flat buffer: (N·S,) — every parameter a view into it, padding at the end
-        self.numel = sum(p.numel() for p in self.params)
-        self.ranges = shard_ranges(self.numel, self.world_size)
+        # the flat buffer: (N·S,) — every trainable parameter a view into it, group after group
+        self.layout = books.FlatLayout.of(groups, self.world_size)
+        self.params, self.offsets = self.layout.params, self.layout.offsets
+        self.numel, self.ranges = self.layout.numel, self.layout.ranges
         self.flat = torch.zeros(self.ranges[-1][1], dtype=first.dtype, device=first.device)
-        self.offsets, offset = [], 0
-        for p in self.params:
+        for p, offset in zip(self.params, self.offsets):
             self.flat[offset:offset + p.numel()].copy_(p.detach().reshape(-1))
             p.data = self.flat[offset:offset + p.numel()].view_as(p)
-            self.offsets.append(offset)
-            offset += p.numel()
-        if self.world_size > 1:
-            dist.broadcast(self.flat, self._global_rank(0), group=group)     # DDP's identical start
-        # this rank's shard: a Parameter viewing flat[r·S : (r+1)·S]; the optimizer sees only it
+        if self.world_size > 1:                   # DDP's identical start, frozen parameters too
+            dist.broadcast(self.flat, self._global_rank(0), group=self.group)
+            for p in (p for g in groups for p in g["params"] if not p.requires_grad):
+                _broadcast_in_place(p, self._global_rank(0), self.group)
+        # this rank's shard: flat[r·S : (r+1)·S]; the inner optimizer sees one piece per group
         start, end = self.ranges[self.rank]
         self.shard = nn.Parameter(self.flat[start:end])
-        self.optimizer = optimizer_class([self.shard], **optimizer_kwargs)
+        self._pieces = []                         # (piece Parameter or None, [lo, hi) inside the shard)
+        for g in range(len(groups)):
+            lo, hi = self.layout.piece(g, self.rank)
+            self._pieces.append((nn.Parameter(self.flat[lo:hi]) if hi > lo else None, (lo - start, hi - start)))
+        self.optimizer = self.optimizer_class(
+            [{**books.options(g), "params": [] if piece is None else [piece]}
+             for g, (piece, _) in zip(groups, self._pieces)], **self.defaults)
+        books.sync_options(self.optimizer.param_groups, groups)     # show the class defaults too
+        self.state = self.optimizer.state         # this rank's slice only
+        self._trainable = [p.requires_grad for g in groups for p in g["params"]]
         self._ready: set[int] = set()
         self._grads = None
-        self._hooks = []
-        if stage == 2:
-            self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in self.params]
+        self._consolidated = None
+        if self.stage == 2:
+            for p in self.params:
+                if id(p) not in self._hooked:
+                    p.register_post_accumulate_grad_hook(self._grad_ready)
+                    self._hooked.add(id(p))
 
     # -- 2) gradients: reduce-scatter, keep this rank's slice, divided by N -----------------------
     def _reduce_gradients(self) -> None:
@@ -161,7 +211,7 @@ class ZeroOptimizer:
                 p.grad = view
         if self.stage == 1:
             self._grads = grads
-        mine = _reduce_scatter_flat(grads, self.group).div_(self.world_size)   # (S,) averaged
+        mine = _reduce_scatter_flat(grads, self.group).div_(self.world_size)   # (S,) sum, then / N
         if self.stage == 1:
             self.shard.grad = mine                # a view into the buffer: no copy
         elif self.shard.grad is None:
@@ -186,88 +236,103 @@ class ZeroOptimizer:
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_trainable_unchanged()
         if self.stage == 1 or self._ready:      # stage 2: only a backward that missed a parameter
             if any(p.grad is not None for p in self.params):
                 self._reduce_gradients()
+        for piece, (lo, hi) in self._pieces:      # each group's piece sees its slice of the gradient
+            if piece is not None:
+                piece.grad = None if self.shard.grad is None else self.shard.grad[lo:hi]
+        books.sync_options(self.param_groups, self.optimizer.param_groups)   # lr from a scheduler
         self.optimizer.step()
         _all_gather_flat(self.flat, self.group)
+        self._consolidated = None
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset the model's gradients and the shard's gradient.
+        """Reset the model's gradients and the shard's gradient, as ``torch.optim`` does.
 
-        In stage 1 the model's gradients are views into one flat buffer: it is zeroed and kept
-        (``set_to_none`` is ignored for them), so the next backward accumulates straight into it.
+        ``set_to_none=False`` in stage 1 zeroes the flat gradient buffer and keeps the ``.grad``
+        views into it, so the next backward accumulates straight into it (no copy, as DDP's
+        ``gradient_as_bucket_view``); with ``True`` the ``.grad`` are ``None`` until the next
+        backward, which ``step()`` then copies into the buffer.
         """
         self.shard.grad = None
-        if self._grads is not None:               # stage 1
+        for piece, _ in self._pieces:
+            if piece is not None:
+                piece.grad = None
+        if not set_to_none and self._grads is not None:
             self._grads.zero_()
-            return
         for p in self.params:
             if set_to_none:
                 p.grad = None
-            elif p.grad is not None:
+            elif p.grad is not None and (self._grads is None or p.grad.untyped_storage().data_ptr()
+                                         != self._grads.untyped_storage().data_ptr()):
                 p.grad.zero_()
 
-    @property
-    def param_groups(self):
-        """The inner optimizer's parameter groups (change ``lr`` here; the only parameter is the shard)."""
-        return self.optimizer.param_groups
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group (layers unfrozen for fine-tuning, say); its state starts fresh, as in ``torch.optim``.
 
-    @property
-    def state(self):
-        """The inner optimizer's state: this rank's slice only."""
-        return self.optimizer.state
-
-    # -- checkpoints: consolidated like torch.optim's, re-sharded on load --------------------------
-    def state_dict(self) -> dict:
-        """The whole optimizer state, in ``torch.optim``'s format, on every rank (a collective).
-
-        Per-element state (Adam's ``exp_avg``, SGD's ``momentum_buffer``) is all-gathered and cut
-        back into one tensor per parameter, so the result can be loaded by a ``ZeroOptimizer`` on
-        any number of ranks — or by the plain optimizer on the unsharded model.
+        After construction this is a collective — call it on every rank with the same parameters:
+        the flat buffer grows and every rank's slice moves, so the state is gathered and cut again.
         """
-        inner = self.optimizer.state_dict()
-        shard_state = inner["state"].get(0, {})
-        state = {i: {} for i in range(len(self.params))} if shard_state else {}
-        for key, value in sorted(shard_state.items()):
-            if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == self.shard.numel():
-                full = torch.empty(self.flat.numel(), dtype=value.dtype, device=value.device)
-                full.view(self.world_size, -1)[self.rank].copy_(value)
-                _all_gather_flat(full, self.group)
-                for i, (p, offset) in enumerate(zip(self.params, self.offsets)):
-                    state[i][key] = full[offset:offset + p.numel()].view_as(p).clone()
-            else:                                  # e.g. Adam's step counter: the same on every rank
-                for i in state:
-                    state[i][key] = value.clone() if isinstance(value, torch.Tensor) else value
-        groups = [{**g, "params": list(range(len(self.params)))} for g in inner["param_groups"]]
-        return {"state": state, "param_groups": groups}
+        books.check_group(param_group, len(self.param_groups), self._seen)
+        if not self._built:                       # from torch.optim's constructor
+            super().add_param_group(param_group)
+            return
+        full = books.gather_full_state(self, to=None)
+        super().add_param_group(param_group)
+        self._build()
+        books.load_full_state(self, full, groups=len(self.param_groups) - 1)
+
+    def _check_trainable_unchanged(self) -> None:
+        now = [p.requires_grad for g in self.param_groups for p in g["params"]]
+        if now != self._trainable:
+            changed = [i for i, (a, b) in enumerate(zip(now, self._trainable)) if a != b]
+            raise RuntimeError(f"parameters {changed} (indices over param_groups) changed requires_grad "
+                               "since the ZeroOptimizer was built; its flat buffer holds the trainable "
+                               "parameters of that moment. Build the optimizer on the parameters you train "
+                               "and add newly unfrozen ones with add_param_group() (their state starts "
+                               "fresh, as in torch.optim), or build a new ZeroOptimizer.")
+
+    # -- checkpoints: this rank's slice, or the whole state gathered on one rank -------------------
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Gather the whole state on rank ``to``, as ``ZeroRedundancyOptimizer.consolidate_state_dict``.
+
+        A collective: every rank calls it. Until the next ``step()``, :meth:`state_dict` on rank
+        ``to`` then returns the state of every parameter in ``torch.optim``'s format — loadable by
+        a ``ZeroOptimizer`` on any number of ranks, or by the plain optimizer on the whole model.
+        """
+        validate.check_int("to", to, 0, maximum=self.world_size - 1)
+        self._consolidated = books.gather_full_state(self, to)
+
+    def state_dict(self) -> dict:
+        """This rank's slice of the state (no communication), or the whole state right after
+        :meth:`consolidate_state_dict` on the rank that received it.
+
+        Save one slice per rank and reload each on the same rank of the same world size; or
+        consolidate, save rank ``to``'s whole state, and reload it on any number of ranks.
+        """
+        if self._consolidated is not None:
+            return self._consolidated
+        return books.shard_state_dict(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load a state from :meth:`state_dict` (saved on any number of ranks) and keep this rank's slice."""
+        """Load a whole state (from :meth:`consolidate_state_dict`, or a plain optimizer's on the same
+        parameter groups) and keep this rank's slice, or reload this rank's own slice."""
         validate.check_type("state_dict", state_dict, dict)
-        groups = state_dict.get("param_groups")
-        if (not isinstance(groups, list) or len(groups) != 1
-                or len(groups[0].get("params", ())) != len(self.params)):
-            raise ValueError(f"state_dict must hold one parameter group with {len(self.params)} parameters "
-                             "(as ZeroOptimizer.state_dict() or the plain optimizer's state_dict() on the "
-                             "same model returns)")
-        ids = groups[0]["params"]
-        full_state = state_dict.get("state", {})
-        shard_state = {}
-        if full_state:
-            start, end = self.ranges[self.rank]
-            for key, value in full_state[ids[0]].items():
-                per_element = key != "step" and all(
-                    isinstance(full_state[pid].get(key), torch.Tensor)
-                    and full_state[pid][key].shape == p.shape
-                    for p, pid in zip(self.params, ids))
-                if per_element:
-                    flat = torch.zeros(self.flat.numel(), dtype=value.dtype)
-                    for p, offset, pid in zip(self.params, self.offsets, ids):
-                        flat[offset:offset + p.numel()] = full_state[pid][key].reshape(-1)
-                    shard_state[key] = flat[start:end].clone()
-                else:
-                    shard_state[key] = value
-        self.optimizer.load_state_dict({"state": {0: shard_state} if shard_state else {},
-                                        "param_groups": [{**groups[0], "params": [0]}]})
+        if books.SHARD_KEY in state_dict:
+            books.load_shard_state(self, state_dict)
+        else:
+            books.load_full_state(self, state_dict)
+        books.sync_options(self.param_groups, self.optimizer.param_groups)
+        self.state = self.optimizer.state
+        self._consolidated = None
+
+
+def _broadcast_in_place(p: torch.Tensor, src: int, group) -> None:
+    with torch.no_grad():
+        buf = p.detach().contiguous()             # gloo sends memory as it lies: contiguous first
+        dist.broadcast(buf, src, group=group)
+        if buf.data_ptr() != p.data_ptr():
+            p.copy_(buf)

@@ -132,6 +132,60 @@ def test_two_ranks_with_batch_b_equal_one_process_with_batch_2b(mode):
             torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
 
 
+class TiedAndFrozen(nn.Module):
+    """A head tied to the embedding (one parameter, two gradients) and a frozen layer between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(16, 8)
+        self.frozen = nn.Linear(8, 8)
+        self.mid = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 16, bias=False)
+        self.head.weight = self.emb.weight
+        self.frozen.requires_grad_(False)
+
+    def forward(self, idx):
+        return self.head(torch.tanh(self.mid(self.frozen(self.emb(idx).mean(1)))))
+
+
+def _tied_frozen_worker(rank, world_size, bucket_caps):
+    out = {}
+    for cap in bucket_caps:
+        torch.manual_seed(3 + rank)                          # a different init per rank: broadcast fixes it
+        model = TiedAndFrozen()
+        wrapped = DDP(model) if cap == "torch" else gc.MiniDDP(model, bucket_cap_mb=cap)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.02)
+        for step in range(STEPS):
+            g = torch.Generator().manual_seed(step)
+            idx, y = torch.randint(0, 16, (8, 5), generator=g), torch.randint(0, 16, (8,), generator=g)
+            mine = slice(rank * 4, rank * 4 + 4)
+            nn.functional.cross_entropy(wrapped(idx[mine]), y[mine]).backward()
+            opt.step()
+            opt.zero_grad()
+        out[cap] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if cap not in ("torch", None):
+            out[f"buckets {cap}"] = [len(b.params) for b in wrapped._buckets]
+    return out
+
+
+def test_tied_weights_frozen_layers_and_uneven_buckets_equal_torch_ddp_bit_for_bit():
+    """2 ranks: the average (a + b) / 2 is exact whichever order it is computed in, so MiniDDP's
+    parameters equal torch DDP's exactly, however the gradients are bucketed."""
+    caps = ["torch", None, 0.0003, 25]
+    for res in gc.launch(_tied_frozen_worker, 2, args=(caps,), timeout=120):
+        # 3 trainable parameters (the tied one once): mid.bias + mid.weight, then the embedding
+        assert res["buckets 0.0003"] == [2, 1] and res["buckets 25"] == [3]
+        for cap in caps[1:]:
+            for k, v in res["torch"].items():
+                assert torch.equal(res[cap][k], v), f"bucket_cap_mb={cap} {k}"
+        assert torch.equal(res[None]["frozen.weight"], _initial_frozen_weight())
+
+
+def _initial_frozen_weight():
+    torch.manual_seed(3)                                     # rank 0's init, broadcast to every rank
+    return TiedAndFrozen().frozen.weight.detach()
+
+
 class WithUnused(nn.Module):
     def __init__(self):
         super().__init__()

@@ -103,3 +103,47 @@ def test_keep_gathered_names_a_tied_linear():
     for state in got:
         for k, v in ref.state_dict().items():
             torch.testing.assert_close(state[k], v, atol=1e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+class TiedModules(torch.nn.Module):
+    """nanoGPT's tie, ``head.weight = wte.weight``: one Parameter that two modules hold (unlike
+    TinyGPT's functional head). Sharded twice, the tie would silently come apart."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.wte, self.mid = torch.nn.Embedding(10, 6), torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(6, 10, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx):                                  # (B, T) -> (B, T, vocab)
+        return self.head(torch.tanh(self.mid(self.wte(idx))))
+
+
+def _tied_modules_rank(rank, world_size):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    sharded, ddp = gc.FullyShardedModule(TiedModules()), DDP(TiedModules())
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.05) for m in (sharded, ddp)]
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(step)
+        idx = torch.randint(0, 10, (4, 5), generator=g).tensor_split(world_size)[rank]
+        for model, opt in zip((sharded, ddp), opts):
+            next_token_loss(model(idx[:, :-1]), idx[:, 1:]).backward()
+            opt.step()
+            opt.zero_grad()
+    return sharded.full_state_dict(), ddp.module.state_dict(), len(sharded.shards)
+
+
+def test_a_weight_two_modules_hold_stays_one_weight():
+    for full, ref, units in gc.launch(_tied_modules_rank, 2, timeout=60):
+        assert units == 2                                    # wte (with the head's alias) and mid
+        assert list(full) == list(ref)                       # both names, as the model's state_dict
+        assert all(torch.equal(full[k], v) for k, v in ref.items())     # 2 ranks: DDP's bits
+        assert torch.equal(full["head.weight"], full["wte.weight"])
+
+
+def test_keep_gathered_must_name_a_tied_unit():
+    model = TiedModules()
+    with pytest.raises(ValueError, match=r"tied weights.*head\.weight.*\['wte'\]"):
+        gc.FullyShardedModule(model, keep_gathered=[])

@@ -60,11 +60,12 @@ def _vs_ddp(rank, world_size, stage, opt_name, steps, accumulation):
                 (F.mse_loss(ddp(xm), ym) / accumulation).backward()
         ddp_opt.step()
         ddp_opt.zero_grad()
-    shard_state = sum(v.numel() * v.element_size() for v in zero.state[zero.shard].values() if v.dim() > 0)
+    shard_state = sum(v.numel() * v.element_size() for s in zero.state.values() for v in s.values() if v.dim() > 0)
     full_state = sum(v.numel() * v.element_size() for s in ddp_opt.state.values() for v in s.values()
                      if v.dim() > 0)
-    return (model.state_dict(), ddp.module.state_dict(), zero.state_dict(), ddp_opt.state_dict(),
-            shard_state, full_state)
+    zero.consolidate_state_dict(to=0)
+    return (model.state_dict(), ddp.module.state_dict(), zero.state_dict() if rank == 0 else None,
+            ddp_opt.state_dict(), shard_state, full_state)
 
 
 @pytest.mark.parametrize("world_size, stage, opt_name, accumulation", [
@@ -72,19 +73,20 @@ def _vs_ddp(rank, world_size, stage, opt_name, steps, accumulation):
     (2, 2, "sgd_momentum", 2), (2, 1, "adamw", 2), (1, 2, "adamw", 1)])
 def test_equals_ddp(world_size, stage, opt_name, accumulation):
     results = gc.launch(_vs_ddp, world_size, args=(stage, opt_name, 4, accumulation), timeout=120)
-    for model_sd, ddp_sd, zero_osd, ddp_osd, shard_state, full_state in results:
+    n = sum(p.numel() for p in make_model().parameters())
+    for rank, (model_sd, ddp_sd, _, _, shard_state, full_state) in enumerate(results):
         for k, v in ddp_sd.items():
             torch.testing.assert_close(model_sd[k], v, atol=1e-6, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
-        # the consolidated optimizer state is torch.optim's, value for value
-        assert zero_osd["param_groups"] == ddp_osd["param_groups"]
-        assert zero_osd["state"].keys() == ddp_osd["state"].keys()
-        for i, s in ddp_osd["state"].items():
-            for key, v in s.items():
-                torch.testing.assert_close(zero_osd["state"][i][key], v, atol=1e-6, rtol=1e-5)
-        # each rank holds ~1/N of the optimizer state (plus at most N-1 padding elements)
-        n = sum(p.numel() for p in make_model().parameters())
-        per_element = full_state // n
-        assert shard_state == per_element * -(-n // world_size)
+        # each rank holds its slice of the optimizer state: 1/N of it, the padding excluded
+        start, end = gc.shard_ranges(n, world_size)[rank]
+        assert shard_state == full_state // n * (min(end, n) - min(start, n))
+    # the state consolidated on rank 0 is torch.optim's, value for value
+    _, _, zero_osd, ddp_osd, _, _ = results[0]
+    assert zero_osd["param_groups"] == ddp_osd["param_groups"]
+    assert zero_osd["state"].keys() == ddp_osd["state"].keys()
+    for i, s in ddp_osd["state"].items():
+        for key, v in s.items():
+            torch.testing.assert_close(zero_osd["state"][i][key], v, atol=1e-6, rtol=1e-5)
     assert all(torch.equal(results[0][0][k], r[0][k]) for r in results for k in results[0][0])
 
 
@@ -92,11 +94,12 @@ def _save(rank, world_size, stage, path):
     model = make_model()
     opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=stage, lr=0.02, weight_decay=0.1)
     _train_zero(model, opt, rank, world_size, 3)
-    osd = opt.state_dict()                         # a collective: every rank calls it
+    opt.consolidate_state_dict(to=0)               # a collective: every rank calls it
     if rank == 0:
+        osd = opt.state_dict()                     # the whole state, on rank 0 only
         torch.save({"model": model.state_dict(), "optimizer": osd}, path)
     dist.barrier()
-    return osd
+    return osd if rank == 0 else None
 
 
 def _resume(rank, world_size, stage, path):
@@ -105,7 +108,8 @@ def _resume(rank, world_size, stage, path):
     model.load_state_dict(ckpt["model"])
     opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=stage, lr=0.5)
     opt.load_state_dict(ckpt["optimizer"])
-    roundtrip = opt.state_dict()
+    opt.consolidate_state_dict(to=0)
+    roundtrip = opt.state_dict()                   # rank 0: whole; the others: their slice
     _train_zero(model, opt, rank, world_size, 3, first=3)
     return model.state_dict(), roundtrip, opt.param_groups[0]["lr"]
 
@@ -128,11 +132,12 @@ def test_checkpoint_reshards(tmp_path, stage_before, stage_after, world_after):
     saved = gc.launch(_save, 2, args=(stage_before, path), timeout=120)[0]
     results = gc.launch(_resume, world_after, args=(stage_after, path), timeout=120)
     ref = _single_process_reference(6)
-    for model_sd, roundtrip, lr in results:
+    for rank, (model_sd, roundtrip, lr) in enumerate(results):
         assert lr == 0.02                          # hyper-parameters come from the checkpoint
-        for i, s in saved["state"].items():
-            for key, v in s.items():
-                torch.testing.assert_close(roundtrip["state"][i][key], v)
+        if rank == 0:
+            for i, s in saved["state"].items():
+                for key, v in s.items():
+                    torch.testing.assert_close(roundtrip["state"][i][key], v)
         for k, v in ref.items():
             torch.testing.assert_close(model_sd[k], v, atol=1e-5, rtol=1e-4, msg=lambda m, k=k: f"{k}: {m}")
 
@@ -158,14 +163,30 @@ def test_bad_stage(stage):
 
 
 def test_bad_arguments():
+    model = make_model()
     with pytest.raises(ValueError, match="no parameters"):
         gc.ZeroOptimizer([], torch.optim.SGD, lr=0.1)
     with pytest.raises(TypeError, match="optimizer_class"):
-        gc.ZeroOptimizer(make_model().parameters(), "adam", lr=0.1)
-    with pytest.raises(TypeError, match="parameter groups"):
-        gc.ZeroOptimizer([{"params": list(make_model().parameters())}], torch.optim.SGD, lr=0.1)
-    with pytest.raises(TypeError):
+        gc.ZeroOptimizer(model.parameters(), "adam", lr=0.1)
+    with pytest.raises(TypeError, match="optimizer_class"):
+        gc.ZeroOptimizer(model.parameters(), nn.Linear, lr=0.1)
+    with pytest.raises(TypeError, match="one tensor"):
         gc.ZeroOptimizer(torch.ones(3), torch.optim.SGD, lr=0.1)
+    with pytest.raises(TypeError, match=r"params\[1\] must be a torch.Tensor"):
+        gc.ZeroOptimizer([model[0].weight, "bias"], torch.optim.SGD, lr=0.1)
+    with pytest.raises(TypeError, match=r"param_groups\[1\]\['params'\]\[0\] must be a torch.Tensor"):
+        gc.ZeroOptimizer([{"params": [model[0].weight]}, {"params": [3.0]}], torch.optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match=r"also in param_groups\[0\].*one parameter group only"):
+        gc.ZeroOptimizer([{"params": [model[0].weight, model[0].bias]}, {"params": [model[0].bias]}],
+                         torch.optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match="twice"):
+        gc.ZeroOptimizer([model[0].weight, model[0].weight], torch.optim.SGD, lr=0.1)
+    with pytest.raises(TypeError, match="mixes tensors and parameter groups"):
+        gc.ZeroOptimizer([model[0].weight, {"params": [model[0].bias]}], torch.optim.SGD, lr=0.1)
+    with pytest.raises(ValueError, match="no 'params' key"):
+        gc.ZeroOptimizer([{"lr": 0.1}], torch.optim.SGD, lr=0.1)
+    with pytest.raises(TypeError, match="set"):
+        gc.ZeroOptimizer([{"params": {model[0].weight}}], torch.optim.SGD, lr=0.1)
 
 
 def test_shard_ranges():
@@ -180,8 +201,107 @@ def test_shard_ranges():
         gc.shard_ranges(10, 0)
 
 
-def test_frozen_parameters_are_refused():
+# --- a drop-in torch.optim.Optimizer: groups, a frozen layer, a scheduler -------------------------
+
+def make_finetune_model():
+    """A frozen first layer (kept, never updated) under three trainable ones."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 9), nn.Tanh(), nn.LayerNorm(9), nn.Linear(9, 7), nn.GELU(), nn.Linear(7, 4))
+    model[0].requires_grad_(False)
+    return model
+
+
+def param_groups(model):
+    """Weight decay on matrices only, as every GPT recipe: biases and norms in a second group."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0, "lr": 0.01}]
+
+
+def _three_ways(rank, world_size, stage, set_to_none, steps):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    ours = make_finetune_model()
+    frozen_before = ours[0].weight.detach().clone()
+    runs = {"ours": (ours, gc.ZeroOptimizer(param_groups(ours), torch.optim.AdamW, stage=stage, lr=0.02))}
+    ddp = DDP(make_finetune_model())
+    runs["ddp"] = (ddp, torch.optim.AdamW(param_groups(ddp.module), lr=0.02))
+    tz = DDP(make_finetune_model())
+    runs["torch_zero"] = (tz, ZeroRedundancyOptimizer(param_groups(tz.module), torch.optim.AdamW, lr=0.02))
+    schedulers = {k: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps) for k, (_, opt) in runs.items()}
+    history = []                                   # per step: every run's parameters and learning rates
+    for step in range(steps):
+        x, y = (local(t, rank, world_size) for t in batch(step))
+        for name, (model, opt) in runs.items():
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            schedulers[name].step()
+            opt.zero_grad(set_to_none=set_to_none)
+        history.append({name: ({k: v.clone() for k, v in getattr(m, "module", m).state_dict().items()},
+                               [g["lr"] for g in opt.param_groups]) for name, (m, opt) in runs.items()})
+    grads_after_zero_grad = [p.grad for p in ours.parameters()]
+    states = {}
+    for name in ("ours", "torch_zero"):
+        runs[name][1].consolidate_state_dict(to=0)
+        states[name] = runs[name][1].state_dict() if rank == 0 else None
+    states["ddp"] = runs["ddp"][1].state_dict()
+    return (history, states, torch.equal(ours[0].weight, frozen_before),
+            [g is None for g in grads_after_zero_grad], isinstance(runs["ours"][1], torch.optim.Optimizer))
+
+
+@pytest.mark.parametrize("world_size, stage, set_to_none", [(2, 1, False), (2, 2, True), (3, 1, True)])
+def test_a_drop_in_for_ddp_and_zero_redundancy_optimizer(world_size, stage, set_to_none):
+    """Step by step, ZeroOptimizer equals DDP + AdamW and torch's ZeroRedundancyOptimizer: bit for bit
+    on 2 ranks (dividing by 2 is exact, a + b = b + a), within one rounding per step on 3."""
+    results = gc.launch(_three_ways, world_size, args=(stage, set_to_none, 4), timeout=120)
+    for rank, (history, states, frozen_kept, grads_none, is_optimizer) in enumerate(results):
+        assert is_optimizer and frozen_kept
+        # zero_grad(set_to_none=False) keeps zeroed gradients (stage 1: views into the flat buffer)
+        assert grads_none == [set_to_none or not p.requires_grad for p in make_finetune_model().parameters()]
+        for step, runs in enumerate(history):
+            params, lrs = runs["ours"]
+            for other in ("ddp", "torch_zero"):
+                assert lrs == runs[other][1]               # the cosine schedule, group by group
+                for k, v in runs[other][0].items():
+                    if world_size == 2:
+                        assert torch.equal(params[k], v), f"rank {rank} step {step} {k} vs {other}"
+                    else:
+                        torch.testing.assert_close(params[k], v, atol=1e-6, rtol=1e-5)
+    states = results[0][1]                                  # consolidated on rank 0
+    for other in ("ddp", "torch_zero"):
+        assert states["ours"]["param_groups"] == states[other]["param_groups"]
+        assert states["ours"]["state"].keys() == states[other]["state"].keys()   # frozen: no state
+        for i, s in states[other]["state"].items():
+            for key, v in s.items():
+                torch.testing.assert_close(states["ours"]["state"][i][key], v, atol=1e-6, rtol=1e-5)
+
+
+def _freeze_after_construction(rank, world_size):
     model = make_model()
+    opt = gc.ZeroOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
     model[0].weight.requires_grad_(False)
-    with pytest.raises(ValueError, match="require grad"):
+    F.mse_loss(model(torch.randn(2, 5)), torch.zeros(2, 4)).backward()
+    try:
+        opt.step()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def test_changing_requires_grad_after_construction_says_what_to_do():
+    msg = gc.launch(_freeze_after_construction, 1, timeout=60)[0]
+    assert msg is not None and "changed requires_grad" in msg and "add_param_group" in msg
+
+
+def test_all_frozen_or_mixed_dtypes_are_refused():
+    model = make_model()
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="nothing to optimize"):
+        gc.ZeroOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    model[0].requires_grad_(True)
+    model[0].bias.data = model[0].bias.data.double()
+    with pytest.raises(ValueError, match="one dtype and device"):
+        gc.ZeroOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    model[0].bias.requires_grad_(False)            # a frozen parameter may have its own dtype
+    with pytest.raises(RuntimeError, match="no process group"):
         gc.ZeroOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
