@@ -131,7 +131,7 @@ def test_settings_match_jupyterlab_schema():
 def test_test_ui_installs_the_ui_extra_pinned_then_runs_only_the_browser_tests():
     res = _dry_run("test-ui")
     assert res.returncode == 0, res.stderr
-    ui = next(cmd for cmd in _pip_installs(res.stdout) if ".[test,ui]" in cmd)
+    ui = next(cmd for cmd in _pip_installs(res.stdout) if ".[test,ui,site]" in cmd)   # the site is tested too
     assert ui[ui.index("-c") + 1] == "constraints.txt"
     pytest_cmd = next(shlex.split(line) for line in res.stdout.splitlines() if "-m pytest" in line)
     assert pytest_cmd[pytest_cmd.index("-m", pytest_cmd.index("pytest")) + 1] == "ui"
