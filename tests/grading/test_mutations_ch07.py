@@ -375,5 +375,5 @@ return float(sum(loss.item() for loss in losses))
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("07", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("07", VISIBLE, HIDDEN)

@@ -269,5 +269,5 @@ return None
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("08", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("08", VISIBLE, HIDDEN)

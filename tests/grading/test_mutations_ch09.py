@@ -183,5 +183,5 @@ if rank < 0 or rank > tp * dp:
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("09", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("09", VISIBLE, HIDDEN)
