@@ -158,7 +158,6 @@ return ("ok", None)
         "the rank under `if rank == 0`": DIAGNOSE.format(rank="0", same_order=EVERY_EPOCH_SAME),
         "set_epoch read as ranks seeing the same samples": DIAGNOSE.format(
             rank="err.rank", same_order="any(results[0][e] == results[1][e] for e in range(len(results[0])))"),
-        "no set_epoch check": DIAGNOSE.format(rank="err.rank", same_order="False"),
     },
     "05.4": {
         # ported from test_visible_checks.py VISIBLE_WRONG["05.4"]: a round trip counted as one message
