@@ -331,5 +331,5 @@ return min(caps, key=lambda cap: modelled_step_time(ready, nbytes, alpha, beta, 
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("04", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("04", VISIBLE, HIDDEN)

@@ -226,5 +226,5 @@ return {"max": largest, "smallest_normal": 2 ** (1 - bias), "smallest_subnormal"
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("06", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("06", VISIBLE, HIDDEN)
