@@ -26,7 +26,6 @@ per GPU, so plain threads suffice there.
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any, Sequence
 
@@ -61,6 +60,8 @@ def chunk_sizes_of(batch_size: int, num_devices: int) -> list[int]:
         [3, 3, 3, 1]
         >>> chunk_sizes_of(5, 4)        # only three devices get work
         [2, 2, 1]
+        >>> len(chunk_sizes_of(1869773657305771023, 399))   # integer arithmetic: exact at any size
+        399
 
     .. warning::
         The batch should be larger than the number of devices, and ideally a multiple of it: with
@@ -70,7 +71,7 @@ def chunk_sizes_of(batch_size: int, num_devices: int) -> list[int]:
     check_int("num_devices", num_devices, 1)
     if batch_size == 0:
         return []
-    step = math.ceil(batch_size / num_devices)
+    step = -(-batch_size // num_devices)        # ceil in integers: exact for any batch size
     return [min(step, batch_size - start) for start in range(0, batch_size, step)]
 
 

@@ -401,31 +401,81 @@ def _gate(key: str, args, kwargs):
 _FORBIDDEN: dict[str, tuple] = {}
 
 
+def _gate_code(name: str, key: str, free: int) -> types.CodeType:
+    """The code a forbidden function runs instead of its own: a call to :func:`_gate`.
+
+    A function with a closure — a method that calls ``super()`` has one, ``__class__`` — only takes
+    code with as many free variables, so the gate then declares that many (it never reads them).
+
+    Example::
+
+        >>> class A:
+        ...     def f(self):
+        ...         return "A"
+        >>> class B(A):
+        ...     def f(self):
+        ...         return "B" + super().f()
+        >>> B.f.__code__ = _gate_code("f", "k", len(B.f.__code__.co_freevars))   # accepted
+        >>> _gate_code("g", "k", 2).co_freevars
+        ('_free0', '_free1')
+    """
+    call = (f"return __import__('gpucourse.grading.harness', fromlist=['_gate'])._gate({key!r}, args, kwargs)")
+    if not free:
+        return compile(f"def {name}(*args, **kwargs):\n    {call}\n", "<forbidden>", "exec").co_consts[0]
+    names = [f"_free{i}" for i in range(free)]
+    src = ("def _outer():\n" + "".join(f"    {n} = None\n" for n in names)
+           + f"    def {name}(*args, **kwargs):\n        if False:\n            ({', '.join(names)},)\n"
+           + f"        {call}\n    return {name}\n")
+    outer = compile(src, "<forbidden>", "exec").co_consts[0]
+    return next(c for c in outer.co_consts if isinstance(c, types.CodeType))
+
+
+def _functions_of(obj) -> list:
+    """The Python functions behind a forbidden name: a function, or every method a class defines."""
+    if isinstance(obj, type):
+        members = list(obj.__dict__.values())
+    else:
+        members = [obj]
+    functions = [getattr(m, "__func__", m) for m in members]
+    return [f for f in functions if isinstance(f, types.FunctionType)]
+
+
 @contextlib.contextmanager
 def forbidden(names, exercise: str = ""):
     """While inside: each function in ``names`` (``"gc.zero_memory"``) raises :class:`ForbiddenCall`
-    when called from outside the package — through any name bound to it, on forked ranks too."""
+    when called from outside the package — through any name bound to it, on forked ranks too. A
+    class (``"gc.BalancedDataParallel"``) forbids every method it defines, ``super()`` users included.
+
+    Example::
+
+        >>> import gpucourse as gc, torch
+        >>> dp = gc.DataParallel(torch.nn.Linear(2, 2), device_ids=["cpu:0", "cpu:1"])
+        >>> with forbidden(["gc.BalancedDataParallel"], "03.3"):
+        ...     try:
+        ...         gc.BalancedDataParallel.scatter(dp, (torch.zeros(4, 2),), {}, dp.device_ids)
+        ...     except ForbiddenCall as e:
+        ...         print(e)
+        gc.BalancedDataParallel is off limits in exercise 03.3: the exercise asks you to write it yourself
+        >>> len(gc.BalancedDataParallel(1, torch.nn.Linear(2, 2), ["cpu:0", "cpu:1"]).scatter(
+        ...     (torch.zeros(4, 2),), {}, ["cpu:0", "cpu:1"])[0])            # outside: as before
+        2
+    """
     swapped = []
     _state["exercise"] = exercise
     try:
+        targets = []
         for dotted in names:
             try:
-                fn = _resolve(dotted)
+                targets += [(fn, dotted) for fn in _functions_of(_resolve(dotted))]
             except (ImportError, AttributeError):
                 continue
-            if isinstance(fn, type):
-                fn = fn.__dict__.get("__init__")
-            fn = getattr(fn, "__func__", fn)
-            if not isinstance(fn, types.FunctionType) or fn.__closure__:
-                continue
+        for fn, dotted in dict((id(fn), (fn, dotted)) for fn, dotted in reversed(targets)).values():
             key = f"{fn.__module__}.{fn.__qualname__}"
-            copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
+            copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                                      fn.__closure__)
             copy.__kwdefaults__ = fn.__kwdefaults__
             _FORBIDDEN[key] = (copy, dotted)
-            src = (f"def {fn.__name__}(*args, **kwargs):\n"
-                   f"    return __import__('gpucourse.grading.harness', fromlist=['_gate'])._gate("
-                   f"{key!r}, args, kwargs)\n")
-            gate = compile(src, "<forbidden>", "exec").co_consts[0]
+            gate = _gate_code(fn.__name__, key, len(fn.__code__.co_freevars))
             swapped.append((fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__))
             fn.__code__, fn.__defaults__, fn.__kwdefaults__ = gate, None, None
         yield

@@ -26,6 +26,25 @@ def test_chunk_sizes_match_torch_tensor_split(n, k):
     assert len(sizes) == k and sum(sizes) == n and max(sizes) - min(sizes) <= 1
 
 
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 2**70), k=st.integers(1, 5000))
+def test_chunk_sizes_is_integer_exact(n, k):
+    """Far beyond float64's 2**53: the first n % k chunks get one more, in exact integers."""
+    sizes = gc.chunk_sizes(n, k)
+    base, extra = divmod(n, k)
+    assert sizes == [base + 1] * extra + [base] * (k - extra)
+    assert all(type(s) is int and s >= 0 for s in sizes) and sum(sizes) == n and len(sizes) == k
+
+
+@FAST
+@given(items=st.lists(st.integers(), max_size=60), k=st.integers(1, 80))
+def test_split_into_chunks_sizes_are_chunk_sizes(items, k):
+    """More chunks than items included: the first len(items) % k chunks hold one item more."""
+    chunks = gc.split_into_chunks(iter(items), k)           # any iterable, read once
+    assert [len(c) for c in chunks] == gc.chunk_sizes(len(items), k)
+    assert [x for c in chunks for x in c] == items and all(type(c) is list for c in chunks)
+
+
 @FAST
 @given(items=st.lists(st.integers()), k=st.integers(1, 12))
 def test_split_into_chunks_is_contiguous_and_complete(items, k):

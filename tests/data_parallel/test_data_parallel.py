@@ -188,6 +188,19 @@ def test_balanced_chunk_sizes_invariants(batch, data, n):
     assert max(sizes[1:]) - min(sizes[1:]) <= 1 and sizes[1:] == sorted(sizes[1:], reverse=True)
 
 
+@settings(max_examples=300)
+@given(st.integers(1, 2**70), st.data(), st.integers(1, 5000))
+def test_balanced_chunk_sizes_is_integer_exact(batch, data, n):
+    """Far beyond float64's 2**53: device 0 gets gpu0_bsz, the first (rest % (n-1)) others one more."""
+    gpu0 = batch if n == 1 else data.draw(st.one_of(st.integers(0, batch), st.sampled_from([0, batch])))
+    sizes = gc.balanced_chunk_sizes(batch, gpu0, n)
+    assert all(type(s) is int and s >= 0 for s in sizes) and len(sizes) == n
+    assert sizes[0] == gpu0 and sum(sizes) == batch
+    if n > 1:
+        base, extra = divmod(batch - gpu0, n - 1)
+        assert sizes[1:] == [base + 1] * extra + [base] * (n - 1 - extra)
+
+
 @pytest.mark.parametrize("args, expected", [
     ((8, 2, 3), [2, 3, 3]), ((16, 4, 3), [4, 6, 6]), ((8, 0, 3), [0, 4, 4]),
     ((8, 8, 3), [8, 0, 0]), ((5, 5, 1), [5]),

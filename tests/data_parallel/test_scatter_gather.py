@@ -21,6 +21,38 @@ def test_chunk_sizes_follow_torch_chunk(batch, n):
     assert gc.chunk_sizes_of(batch, n) == [len(c) for c in torch.arange(batch).chunk(n)]
 
 
+#: sizes far beyond float64's 2**53, where ``math.ceil(batch / n)`` is no longer exact
+HUGE = st.integers(0, 2**70)
+
+
+def _exact_chunk_rule(batch, n):
+    """torch.chunk's rule in Python ints: chunks of ceil(batch / n), the last one what is left."""
+    if batch == 0:
+        return []
+    step = (batch + n - 1) // n
+    full, rest = divmod(batch, step)
+    return [step] * full + ([rest] if rest else [])
+
+
+@settings(max_examples=300)
+@given(HUGE, st.integers(1, 5000))
+def test_chunk_sizes_of_is_integer_exact(batch, n):
+    sizes = gc.chunk_sizes_of(batch, n)
+    assert sizes == _exact_chunk_rule(batch, n)
+    assert all(type(s) is int and s > 0 for s in sizes) and sum(sizes) == batch
+    assert len(sizes) <= n                                   # never more chunks than devices
+    if sizes:
+        step = sizes[0]
+        assert (step - 1) * n < batch <= step * n            # step == ceil(batch / n), exactly
+        assert all(s == step for s in sizes[:-1]) and 0 < sizes[-1] <= step
+
+
+def test_chunk_sizes_of_huge_batch_regression():
+    """Issue 30: float division gave 400 chunks for 399 devices."""
+    sizes = gc.chunk_sizes_of(1869773657305771023, 399)
+    assert len(sizes) == 399 and sum(sizes) == 1869773657305771023
+
+
 @settings(deadline=None, max_examples=40)
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=4), st.integers(0, 2), st.integers(1, 3))
 def test_scatter_with_chunk_sizes_splits_exactly(sizes, dim, width):
