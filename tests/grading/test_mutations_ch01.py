@@ -181,5 +181,5 @@ return min((k, min(k + 1, max_workers)), key=lambda n: a + b / n + c * n)
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("01", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("01", VISIBLE, HIDDEN)

@@ -204,5 +204,5 @@ return tuple(gather_outputs(list(parts), dim) for parts in zip(*outputs))
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("02", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("02", VISIBLE, HIDDEN)

@@ -164,5 +164,5 @@ return min((gc.balanced_chunk_sizes(batch_size, g, n) for g in range(batch_size 
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("03", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("03", VISIBLE, HIDDEN)
