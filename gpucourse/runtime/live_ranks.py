@@ -323,9 +323,9 @@ class LiveRanks:
 
     def _broken(self, outcome: _Outcome) -> None:
         if outcome.died:
-            why = f"rank(s) {sorted(outcome.died)} died"
+            why = f"{_who(sorted(outcome.died))} died"
         else:
-            why = f"rank(s) {outcome.stuck} were blocked and could not be interrupted"
+            why = f"{_who(outcome.stuck)} stayed blocked (a collective or a recv cannot be interrupted)"
         self.stop()
         self._why_stopped = (f"{why} in an earlier cell, so the group was stopped: gc.ranks.restart() "
                              "starts a fresh one (the ranks' variables are lost)")
@@ -597,7 +597,7 @@ class _Group:
             time.sleep(0.02)   # let the dump finish
             text = _read_range(path, self.stack_pos[r], None)
             self.stack_pos[r] += len(text.encode())
-            stacks[r] = tidy_stack(text, machinery=_MACHINERY)
+            stacks[r] = _short_paths(tidy_stack(text, machinery=_MACHINERY))
         return stacks
 
     def interrupt(self, outcome: _Outcome, grace: float) -> None:
@@ -722,27 +722,34 @@ def _raise_for(outcome: _Outcome, chosen: list[int], timeout: float, *, stopped:
             parts.insert(0, summary)
         message = "; ".join(parts)
         if late:
-            fate = ("could not be interrupted, so the group was stopped" if outcome.stuck
-                    else "were interrupted")
-            message += (f"; rank(s) {sorted(late)} were still running {_PEER_GRACE:g} s later (waiting "
-                        f"for the failed rank in a collective?) and {fate}")
+            fate = ("could not be interrupted" if outcome.stuck
+                    else "got interrupted")
+            message += (f"; {_who(sorted(late))} still running {_PEER_GRACE:g} s later (waiting "
+                        f"for the failed rank in a collective?) {fate}")
         if stopped:
             message += ". The live ranks were stopped: gc.ranks.restart() starts a fresh group"
         message += "\n" + _tracebacks(tracebacks)
         raise RankError(message.rstrip("\n"), ranks=failed, exc_types=exc_types, tracebacks=tracebacks,
                         stopped=stopped)
     if late:
-        where = "".join(f"\n--- rank {r} was here ---\n{outcome.stacks.get(r) or '(no stack)'}" for r in sorted(late))
+        where = "".join(f"\n--- {_who([r])} was here ---\n{outcome.stacks.get(r) or '(no stack)'}" for r in sorted(late))
         if stopped:
-            fate = ("They could not be interrupted (blocked inside a collective or a recv), so the group "
-                    "was stopped: gc.ranks.restart() starts a fresh one (the ranks' variables are lost).")
+            fate = ("A rank blocked inside a collective or a recv cannot be interrupted, so the group was "
+                    "stopped: gc.ranks.restart() starts a fresh one (the ranks' variables are lost).")
         else:
-            fate = "They were interrupted (KeyboardInterrupt); the group is still up, variables kept."
+            fate = "Interrupted (KeyboardInterrupt): the group is still up, its variables kept."
         others = " (the others had finished)" if len(late) < len(chosen) else ""
         raise RankTimeout(
-            f"rank(s) {sorted(late)} still busy after {timeout:g} s{others}. Usual causes: a collective "
+            f"{_who(sorted(late))} still busy after {timeout:g} s{others}. Usual causes: a collective "
             f"that only some ranks call, a recv with no matching send, an endless loop. {fate}{where}",
             ranks=sorted(late), stacks=dict(outcome.stacks), stopped=stopped)
+
+
+def _short_paths(stack: str) -> str:
+    """A stack as a learner reads it: ``torch/distributed/...`` without the install's folders, no
+    thread addresses (which change every run)."""
+    stack = re.sub(r"(Current thread|Thread) 0x[0-9a-fA-F]+ ", r"\1 ", stack)
+    return re.sub(r'File "[^"]*[/\\](?:site|dist)-packages[/\\]', 'File "', stack)
 
 
 def _summary(raised: dict[int, tuple]) -> str:

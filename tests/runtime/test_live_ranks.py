@@ -150,7 +150,7 @@ def test_a_rank_error_while_a_peer_waits_in_a_collective_stops_the_group_quickly
         took = time.monotonic() - start
         e = info.value
         assert e.ranks == [1] and e.stopped
-        assert "rank(s) [0] were still running" in str(e) and "could not be interrupted" in str(e)
+        assert "rank 0 still running 3 s later" in str(e) and "could not be interrupted. The live ranks were stopped" in str(e)
         assert took < 30, f"waited {took:.0f} s: the peer's grace period did not cut the 60 s timeout"
         assert not g.running and not wait_gone(pids, 5)
         with pytest.raises(RuntimeError, match="restart"):
@@ -174,8 +174,9 @@ def test_a_blocked_rank_raises_rank_timeout_naming_it_and_the_group_restarts(cod
             g.run(code, timeout=2)
         e = info.value
         assert e.ranks == [blocked] and e.stopped
-        assert f"rank(s) [{blocked}] still busy after 2 s (the others had finished)" in str(e)
+        assert f"rank {blocked} still busy after 2 s (the others had finished)" in str(e)
         assert f"in {where}" in e.stacks[blocked] and "<ranks cell 2>" in e.stacks[blocked]
+        assert 'File "torch/distributed/' in e.stacks[blocked] and "0x" not in e.stacks[blocked]
         assert not g.running and not wait_gone(pids, 5)
         g.restart()                                          # a fresh group, variables gone
         assert g.gather("rank") == [0, 1]
