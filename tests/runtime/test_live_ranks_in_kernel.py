@@ -1,6 +1,7 @@
 """Live ranks in a real Jupyter kernel: the ``%%ranks`` magic, its output, errors that fail the
 cell (and nbval), and ranks that die with the kernel — even when it is killed with SIGKILL."""
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from _processes import alive, children_of, comm, parent_of, wait_gone
+from _processes import alive, children_of, comm, listeners_of, parent_of, wait_gone
 from nbformat.v4 import new_code_cell, new_notebook
 
 import gpucourse as gc
@@ -133,6 +134,8 @@ def test_ranks_and_what_they_started_die_when_the_kernel_is_killed(kernel):
     assert sorted(children_of(keeper)) == sorted(ranks)
     family = [keeper, *pids]
     assert all(alive(p) for p in family)
+    listening = listeners_of([kernel.pid, *family])          # the store (in the kernel) and gloo's
+    assert len(listening) >= 3 and all(ipaddress.ip_address(a).is_loopback for a, _ in listening), listening
     try:
         os.kill(kernel.pid, signal.SIGKILL)
         left = wait_gone(family, 5)
