@@ -8,7 +8,9 @@ kernel) is in ``test_live_ranks_in_kernel.py``.
 import ipaddress
 import os
 import pickle
+import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -192,6 +194,29 @@ def test_a_busy_python_loop_is_interrupted_and_the_group_lives_on():
         assert info.value.ranks == [1] and not info.value.stopped
         assert "Interrupted (KeyboardInterrupt): the group is still up" in str(info.value)
         assert g.running and g.gather("kept") == [0, 5]
+
+
+@pytest.mark.parametrize("code, survives", [
+    ("import time\ntime.sleep(30)", True),                        # interruptible: the group lives on
+    ("if rank == 0:\n    dist.barrier()", False),                  # blocked in a collective: stopped
+])
+def test_ctrl_c_in_the_kernel_interrupts_the_busy_ranks(code, survives):
+    # the notebook's stop button: SIGINT to the kernel, which interrupts the ranks still busy
+    with gc.LiveRanks().start(2) as g:
+        g.run("kept = rank")
+        pids = g.pids
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            g.run(code, timeout=60)
+        timer.join()
+        assert time.monotonic() - start < 30
+        assert g.running == survives
+        if survives:
+            assert g.gather("kept") == [0, 1]
+        else:
+            assert not wait_gone(pids, 5)
 
 
 def test_a_rank_that_dies_is_named_and_the_group_is_stopped():
