@@ -6,7 +6,8 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
   plumbing: ``processes`` (fork/spawn, start, stop), ``rank_process`` (inside a rank),
   ``process_tree`` (every descendant), ``ports`` (the loopback store), ``rank_output``
 - ``live_ranks``  ``start_ranks(n)``, ``%%ranks``, ``gc.ranks``: ranks that stay up between notebook
-  cells; ``live_rank_process`` is what runs inside them (and the keeper that cleans up after them)
+  cells; its plumbing: ``live_group`` (the group seen from the kernel, ``RankError``/``RankTimeout``),
+  ``live_rank_process`` (inside a rank, and the keeper that cleans up after them)
 - ``devices``   ``CUDA_VISIBLE_DEVICES`` remapping, CPU "virtual devices", ``default_backend()``
 - ``timing``    warm-up, repeats, median and ratios to a baseline
 - ``printing``  rank-aware printing in rank order; ``in_kernel()``: are we in a notebook?
