@@ -11,7 +11,6 @@ import pickle
 import signal
 import sys
 import threading
-import time
 
 import pytest
 import torch
