@@ -60,7 +60,7 @@ def keeper_main(kernel_conn, rank_conns, close_in_child, *, world_size: int, fol
     """Body of the keeper (never returns): fork the ranks, then wait for "stop" or the kernel's death."""
     os.setpgid(0, 0)                                   # the notebook's interrupt (SIGINT to the
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # kernel's process group) is not for us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, _exit_cleanly)       # asked to end: clean up first (see below)
     _quiet(os.path.join(folder, "keeper.log"))
     for conn in close_in_child:                        # the kernel's ends: only the kernel holds them
         conn.close()
@@ -91,6 +91,10 @@ def keeper_main(kernel_conn, rank_conns, close_in_child, *, world_size: int, fol
         with contextlib.suppress(Exception):
             kernel_conn.send(("stopped",))
         os._exit(0)
+
+
+def _exit_cleanly(signum, frame):
+    raise SystemExit(0)                                # unwinds into keeper_main's cleanup
 
 
 def _keep(kernel_conn, pids: dict[int, int]) -> None:

@@ -235,7 +235,7 @@ escaped = [subprocess.Popen(["sleep", "60"], start_new_session=True).pid,
 
 
 @linux_only
-@pytest.mark.parametrize("how", ["stop", "hang"])
+@pytest.mark.parametrize("how", ["stop", "hang", "keeper-sigterm"])
 def test_stop_leaves_no_process_not_even_ones_started_in_a_new_session(how):
     g = gc.LiveRanks().start(2)
     try:
@@ -248,6 +248,11 @@ def test_stop_leaves_no_process_not_even_ones_started_in_a_new_session(how):
             with pytest.raises(gc.RankTimeout):
                 g.run("dist.barrier() if rank == 0 else None", timeout=1)
             assert not g.running
+        if how == "keeper-sigterm":                         # someone ends the keeper: it cleans up
+            os.kill(parent_of(g.pids[0]), signal.SIGTERM)
+            assert not wait_gone(family + escaped, 5)
+            with pytest.raises(gc.RankError, match="died"):
+                g.run("1")
     finally:
         g.stop()
     left = wait_gone(family + escaped, 5)
