@@ -285,6 +285,7 @@ def test_restart_with_another_size_and_clear_errors_for_wrong_use():
     with pytest.raises(ValueError, match="timeout must be > 0"):
         g.start(2, timeout=0)
     with g.start(2):
+        assert not os.path.exists(g._group.folder)         # output files stay open, their folder is gone
         with pytest.raises(ValueError, match=r"rank must be <= 1 \(the group has ranks 0..1\), got 2"):
             g.run("1", ranks=[2])
         with pytest.raises(TypeError, match="code must be a str"):

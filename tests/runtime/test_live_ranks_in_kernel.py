@@ -123,9 +123,11 @@ def test_ranks_and_what_they_started_die_when_the_kernel_is_killed(kernel):
         pids = [os.getpid(), subprocess.Popen(["sleep", "60"], start_new_session=True).pid]
         ''')
         print(sum(gc.ranks.gather("pids"), []))
+        print(gc.ranks._group.folder)
     """))
     assert status == "ok", out
-    pids = [int(p) for p in out[0][1].strip().strip("[]").split(",")]
+    printed, folder = out[0][1].strip().splitlines()
+    pids = [int(p) for p in printed.strip("[]").split(",")]
     ranks = pids[0::2]
     keeper = parent_of(ranks[0])
     # found honestly: the ranks report their pids; /proc says whose children they are
@@ -140,6 +142,7 @@ def test_ranks_and_what_they_started_die_when_the_kernel_is_killed(kernel):
         os.kill(kernel.pid, signal.SIGKILL)
         left = wait_gone(family, 5)
         assert left == [], f"outlived the killed kernel: {[(p, comm(p)) for p in left]}"
+        assert not os.path.exists(folder)
     finally:
         for pid in family:                      # never leave them running, whatever the outcome
             try:
