@@ -20,11 +20,12 @@ __version__ = "0.1.0"
 
 #: part → its public names re-exported at the top level (the course's stable API), grouped by part
 _PARTS = {
-    # --- runtime/: start ranks, devices, timing, rank-aware printing -----------------------------
+    # --- runtime/: start ranks (once: launch; live between cells: start_ranks, ranks), devices, timing
+    # and rank-aware printing
     "runtime": """
-        WorkerError Timing bf16_hardware_note cpu_cores cpu_supports_bf16 default_backend
-        format_comparison free_port has_bf16_units launch measure print0 print_ordered rank_prefix
-        speedup virtual_devices visible_devices""",
+        LiveRanks RankError RankTimeout WorkerError Timing bf16_hardware_note cpu_cores
+        cpu_supports_bf16 default_backend format_comparison free_port has_bf16_units launch measure
+        print0 print_ordered rank_prefix ranks speedup start_ranks virtual_devices visible_devices""",
     # --- data/: offline datasets and the course's small models -----------------------------------
     "data": """
         CIFAR10_CLASSES MLP CausalSelfAttention FeedForward Net SmallConvNet SyntheticCIFAR10 TinyGPT

@@ -5,6 +5,9 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 - ``launcher``  ``launch(fn, nprocs)``: ranks as processes, from a script or a notebook cell; its
   plumbing: ``processes`` (fork/spawn, start, stop), ``rank_process`` (inside a rank),
   ``process_tree`` (every descendant), ``ports`` (the loopback store), ``rank_output``
+- ``live_ranks``  ``start_ranks(n)``, ``%%ranks``, ``gc.ranks``: ranks that stay up between notebook
+  cells; its plumbing: ``live_group`` (the group seen from the kernel, ``RankError``/``RankTimeout``),
+  ``live_rank_process`` (inside a rank, and the keeper that cleans up after them)
 - ``devices``   ``CUDA_VISIBLE_DEVICES`` remapping, CPU "virtual devices", ``default_backend()``
 - ``timing``    warm-up, repeats, median and ratios to a baseline
 - ``printing``  rank-aware printing in rank order; ``in_kernel()``: are we in a notebook?
@@ -19,6 +22,7 @@ from .exiting import run_main
 from .devices import cpu_cores, default_backend, virtual_devices, visible_devices
 from .groups import group_info
 from .launcher import WorkerError, free_port, launch
+from .live_ranks import LiveRanks, RankError, RankTimeout, ranks, start_ranks
 from .ports import listen_on
 from .printing import in_kernel, print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
@@ -26,6 +30,7 @@ from .validate import check_choice, check_int, check_number, check_positive, che
 
 __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cores", "default_backend",
            "virtual_devices", "visible_devices", "WorkerError", "free_port", "group_info", "launch",
+           "LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks",
            "listen_on", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
            "measure", "speedup", "check_choice", "check_int", "check_number", "check_positive",
            "check_tensor", "check_type", "run_main"]

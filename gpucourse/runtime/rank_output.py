@@ -57,14 +57,14 @@ def print_grouped(outs: list[str], errs: list[str]) -> None:
     sys.stderr.flush()
 
 
-def tidy_stack(text: str) -> str:
+def tidy_stack(text: str, machinery: str = os.path.join("gpucourse", "runtime", "rank_process.py")) -> str:
     """Keep the user's frames of a faulthandler dump (most recent call first).
 
-    Everything from the rank's own body (``rank_process.py``) down is machinery (multiprocessing's
-    bootstrap and, for a forked child, the parent's frames it inherited), so it is dropped.
+    Everything from the rank's own body (``machinery``, by default ``rank_process.py``) down is
+    machinery (multiprocessing's bootstrap and, for a forked child, the parent's frames it
+    inherited), so it is dropped.
     """
     keep, skipping = [], False
-    machinery = os.path.join("gpucourse", "runtime", "rank_process.py")
     for line in text.splitlines():
         if line.startswith("Extension modules:"):
             continue

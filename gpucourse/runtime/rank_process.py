@@ -154,8 +154,8 @@ def _closing_barrier(store, rank: int, world_size: int) -> None:
         store.wait([f"gpucourse/left/{r}" for r in range(1, world_size)])
 
 
-def _linux_child_setup(name: str) -> None:
-    """Linux only: name this process and have it die with its parent.
+def _linux_child_setup(name: str, *, die_with_parent: bool = True) -> None:
+    """Linux only: name this process and (unless told not to) have it die with its parent.
 
     1) ``PR_SET_NAME``: the process shows as ``name`` (at most 15 bytes) in ``ps -e``, ``top`` and
        ``pgrep gpucourse-rank``, instead of as one more copy of the kernel's ``python``;
@@ -169,7 +169,8 @@ def _linux_child_setup(name: str) -> None:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
         libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if die_with_parent:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except OSError:  # pragma: no cover - exotic libc
         pass
 

@@ -18,45 +18,12 @@ import torch.distributed as dist
 
 import gpucourse as gc
 
-from _processes import wait_gone
+from _processes import listeners_of as _listeners_of, wait_gone
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
 
 
 # --- 8. listeners on loopback only -----------------------------------------------------------------
-
-def _decode(hex_addr: str) -> ipaddress._BaseAddress:
-    raw = bytes.fromhex(hex_addr)
-    # /proc/net/tcp{,6} print the address as 32-bit words in host (little-endian) order
-    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-    ip = ipaddress.ip_address(raw)
-    return ip.ipv4_mapped or ip if ip.version == 6 else ip
-
-
-def _listeners_of(pids) -> list[tuple[str, int]]:
-    """(address, port) of every listening TCP socket open in one of ``pids``."""
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except OSError:
-            continue
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.read().splitlines()[1:]:
-                cols = line.split()
-                if cols[3] == "0A" and cols[9] in inodes:   # 0A: LISTEN
-                    addr, port = cols[1].split(":")
-                    found.append((str(_decode(addr)), int(port, 16)))
-    return found
-
 
 def _launch_family_listeners(rank, world_size, url=None):
     """Inside a running launch: the listeners of the launcher and of every rank."""

@@ -59,7 +59,9 @@ def may_have_widgets(path: Path) -> bool:
 
 
 def _parse(source: str) -> ast.Module | None:
-    # IPython magics and shell escapes are not Python: blank them out
+    if source.lstrip().startswith("%%"):
+        return None      # a cell magic (%%ranks): its body does not run in the kernel's namespace
+    # IPython line magics and shell escapes are not Python: blank them out
     lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
     try:
         return ast.parse("\n".join(lines))

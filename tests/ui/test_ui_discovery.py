@@ -36,6 +36,14 @@ def test_needed_cells_follow_the_names_a_cell_reads():
     assert widget_cells(nb) == [6]
 
 
+def test_a_cell_magic_binds_nothing_in_the_kernel():
+    nb = _nb("import gpucourse as gc\nimport torch",            # 0: binds gc, torch
+             "x = torch.ones(3)",                               # 1: binds x
+             "%%ranks\nx = torch.zeros(2)",                      # 2: x on the ranks, not here
+             "w = gc.amdahl_widget(0.1, 8)\nx")                  # 3: needs 1 (and 0), never 2
+    assert needed_cells(nb, 3) == [0, 1, 3]
+
+
 def test_widget_cells_are_found_in_code_or_frozen_outputs_never_in_prose():
     nb = _nb("import ipywidgets as widgets\nwidgets.IntSlider()",
              "from ipywidgets import interact\ninteract(print, x=3)",

@@ -1,0 +1,399 @@
+"""Live ranks: ``n`` processes that stay in one process group between notebook cells.
+
+:func:`~gpucourse.launch` starts ranks, runs one function and ends them — right for scripts, tests
+and most cells. Live ranks stay: a learner runs a cell on every rank, looks at rank 1's tensor
+after an all-reduce, changes a line and runs it again, or watches ``dist.barrier()`` block::
+
+    gc.start_ranks(2)            # two processes that have joined a gloo group; registers %%ranks
+
+    %%ranks                      # this cell runs on every rank; rank, world_size, dist, torch are bound
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    t                            # [rank 0] tensor([3.])  /  [rank 1] tensor([3.])
+
+    gc.ranks.gather("t")         # [tensor([3.]), tensor([3.])]: plain data, in rank order
+
+One cell, as :meth:`LiveRanks.run` does it:
+
+1) send the cell's code to each chosen rank (``%%ranks``: all; ``%%ranks 0,2``: those);
+2) wait for each rank's reply, one deadline for the cell (``--timeout``, default 60 s). A rank that
+   raised shortens it: the others get a few seconds more, since they are likely waiting for it in
+   a collective;
+3) ranks still busy at the deadline: ask each where it is (a Python stack), then interrupt it
+   (``KeyboardInterrupt``). A rank stuck inside a collective cannot be interrupted — then the group
+   is broken, and it is stopped: :meth:`LiveRanks.restart` starts a fresh one in well under 5 s;
+4) show each rank's output in rank order, all of it before the next rank's, lines labelled
+   ``[rank r]``: stdout, stderr, then its figures — the same every run, so nbval can compare it;
+5) raise :class:`RankError` (a rank raised or died; its traceback, rank-labelled) or
+   :class:`RankTimeout` (the ranks still busy and where they were), so the cell fails — and a
+   notebook under nbval or ``make test`` with it.
+
+**Why forked processes, not one Jupyter kernel per rank.** The targets are a start-up of at most
+4 s for 2 ranks and 7 s for 4 on 2 cores, and a trivial cell's round trip of at most 50 ms. One
+ipykernel per rank, started through ``jupyter_client``, took ~5.7 s for 2 ranks and ~8.7 s for 4
+(each kernel imports torch on its own) before any cell ran. So the ranks are forks of the
+notebook's kernel, which has torch imported already, started with the pieces ``gc.launch`` is
+tested with (the loopback store, the rank's process setup, the process-tree cleanup), and they
+talk to the kernel over pipes: about 1 s for the first start in a kernel (most of it importing
+``torch._dynamo`` once, which DDP and every optimizer need), about 0.3 s for a restart, well under
+a millisecond per trivial cell plus the kernel's own ~10 ms (``benchmarks/live_ranks.py``). What a
+kernel per rank would add — rich output — the ranks do for what the lessons need: the last
+expression's ``repr``, ``print``, and matplotlib figures (drawn with Agg in the rank, shown in the
+notebook as PNG). Tracebacks carry the cell's source lines.
+
+**Nothing outlives the notebook.** The ranks are children of a *keeper* (a small fork of the
+kernel, see :mod:`~gpucourse.runtime.live_rank_process`) that is a child subreaper — whatever a
+rank starts stays below it — and that reads a pipe from the kernel: when the kernel exits or is
+killed (even ``kill -9``), the pipe closes, and the keeper kills every process below it and exits.
+Each rank also dies with the keeper (``PR_SET_PDEATHSIG``). Nothing is killed by name.
+
+**Loopback only.** The store listens on ``127.0.0.1`` (hosted by the kernel, as ``gc.launch``
+hosts it), gloo on the loopback interface, the kernel talks to the ranks over unix socket pairs.
+
+:data:`ranks` is this kernel's one group — the one ``%%ranks`` runs on and ``gc.start_ranks``
+starts; a script or a test may hold its own :class:`LiveRanks` as well.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from .live_group import RankError, RankTimeout, LiveGroup, Outcome, raise_for, who
+from .live_rank_process import CELL_PREFIX
+from .processes import warm_parent
+from .validate import check_int, check_positive
+
+__all__ = ["LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks"]
+
+_INTERRUPT_GRACE = 1.0   # s an interrupted rank gets to return to its loop before the group is stopped
+
+
+class LiveRanks:
+    """``world_size`` rank processes in one gloo process group, kept between cells.
+
+    Use :func:`start_ranks` (or ``.start``), then the ``%%ranks`` cell magic or :meth:`run`; read
+    values back with :meth:`gather`, send values with :meth:`push` / :meth:`scatter`; end with
+    :meth:`stop` (the kernel's exit does it too). Each rank has ``rank``, ``world_size``, ``dist``
+    (``torch.distributed``) and ``torch`` bound, and keeps its own variables between cells.
+
+    Example::
+
+        >>> with LiveRanks().start(2) as group:
+        ...     group.run("t = torch.tensor([rank + 1.0])\\ndist.all_reduce(t)\\nprint(t)")
+        ...     group.run("t * 10", ranks=[1])
+        ...     print(group.gather("t.item()"))
+        [rank 0] tensor([3.])
+        [rank 1] tensor([3.])
+        [rank 1] tensor([30.])
+        [3.0, 3.0]
+
+    .. warning::
+        The ranks are *forks* of this process, started with the kernel's state at that moment
+        (modules already imported come for free), but afterwards they share nothing with it:
+        a function defined in a notebook cell later is not known to the ranks — define it in a
+        ``%%ranks`` cell, or send it with :meth:`push`. They use the CPU and gloo; a rank that
+        blocks in a collective cannot be interrupted, only stopped (:class:`RankTimeout`).
+    """
+
+    def __init__(self):
+        self._group: LiveGroup | None = None
+        self._why_stopped = "they were never started: call gc.start_ranks(n) first"
+        self._cells = 0
+        self._last_world_size: int | None = None
+        self.timeout = 60.0
+
+    # --- start and stop ------------------------------------------------------------------------
+    def start(self, world_size: int = 2, *, timeout: float = 60.0) -> LiveRanks:
+        """Start ``world_size`` ranks that join a fresh gloo group (stopping any running ones first).
+
+        Args:
+            world_size: number of rank processes.
+            timeout: seconds for joining the group, and the default timeout of every cell.
+
+        Returns:
+            ``self``, once every rank has joined the group.
+        """
+        check_int("world_size", world_size, 1)
+        check_positive("timeout", timeout)
+        if not hasattr(os, "fork"):
+            raise RuntimeError("live ranks are forks of this process, and this platform has no fork(); "
+                               "use gc.launch(fn, n), which also works with spawn")
+        self.stop()
+        warm_parent()                       # torch._dynamo imported once here, not in every rank
+        self._group = LiveGroup.start(world_size, timeout)
+        self._finalizer = weakref.finalize(self, self._group.stop)   # at exit, or when dropped
+        self.timeout = float(timeout)
+        self._last_world_size = world_size
+        return self
+
+    def restart(self, world_size: int | None = None) -> LiveRanks:
+        """Stop the ranks (variables are lost) and start a fresh group of ``world_size`` (default: as before)."""
+        n = world_size if world_size is not None else self._last_world_size
+        if n is None:
+            raise RuntimeError("restart() does not know how many ranks to start: call "
+                               "gc.start_ranks(n), or restart(n)")
+        return self.start(n, timeout=self.timeout)
+
+    def stop(self) -> None:
+        """Stop every rank and everything it started. Safe to call twice."""
+        group, self._group = self._group, None
+        if group is not None:
+            self._finalizer.detach()
+            group.stop()
+            self._why_stopped = "they were stopped with stop(): gc.ranks.restart() starts them again"
+
+    def __enter__(self) -> LiveRanks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """Whether the ranks are up (started, not stopped, not broken by a hang)."""
+        return self._group is not None
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks are running (0 when stopped)."""
+        return self._group.world_size if self._group else 0
+
+    @property
+    def pids(self) -> list[int]:
+        """The process id of each rank, in rank order (empty when stopped)."""
+        return list(self._group.pids) if self._group else []
+
+    def __repr__(self) -> str:
+        if self._group is None:
+            return "<LiveRanks: not running>"
+        return f"<LiveRanks: {self.world_size} ranks running, gloo, default cell timeout {self.timeout:g} s>"
+
+    # --- run code ------------------------------------------------------------------------------
+    def run(self, code: str, ranks: int | Iterable[int] | None = None, *, timeout: float | None = None) -> None:
+        """Run ``code`` on ``ranks`` (default: all) and show their output in rank order.
+
+        The last line, if it is an expression, shows its ``repr`` (end it with ``;`` to hide it).
+
+        Raises:
+            RankError: a rank raised or died (its traceback, labelled ``[rank r]``).
+            RankTimeout: ranks were still busy after ``timeout`` seconds (default: the group's).
+        """
+        __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str of Python source, got {type(code).__name__}")
+        self._cells += 1
+        filename = f"{CELL_PREFIX}cell {self._cells}>"
+        self._round({r: ("exec", code, filename) for r in self._chosen(ranks)}, timeout)
+
+    def gather(self, expression: str, ranks: int | Iterable[int] | None = None, *,
+               timeout: float | None = None) -> list:
+        """The value of ``expression`` (a variable's name, or any expression) on each rank, in rank order.
+
+        Values come back as plain data: tensors detached, on the CPU, each with storage of its
+        own (a ``DTensor`` as this rank's local shard), numbers, strings, numpy arrays and
+        lists/tuples/dicts of them; anything else raises :class:`RankError` (a ``TypeError`` in
+        the rank) naming what it found. Nothing the ranks hold is changed.
+        """
+        __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
+        if not isinstance(expression, str):
+            raise TypeError(f"expression must be a str such as 'x' or 'x.shape', got {type(expression).__name__}")
+        self._cells += 1
+        filename = f"{CELL_PREFIX}gather {self._cells}>"
+        chosen = self._chosen(ranks)
+        values = self._round({r: ("gather", expression, filename) for r in chosen}, timeout)
+        return [pickle.loads(values[r]) for r in chosen]
+
+    def push(self, values: dict[str, Any], ranks: int | Iterable[int] | None = None, *,
+             timeout: float | None = None) -> None:
+        """Bind ``values`` (``{name: value}``) in each of ``ranks`` (default: all), the same on each.
+
+        Values travel pickled — by value for functions and classes defined in the notebook
+        (cloudpickle), so a function written in an ordinary cell can be sent to the ranks.
+        """
+        __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
+        payload = _dumps(_names(values))
+        self._round({r: ("push", payload) for r in self._chosen(ranks)}, timeout)
+
+    def scatter(self, name: str, values: list, *, timeout: float | None = None) -> None:
+        """Bind ``name`` to ``values[r]`` on rank ``r``: one value per rank, in rank order."""
+        __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
+        _names({name: None})
+        group = self._live()
+        if not isinstance(values, (list, tuple)) or len(values) != group.world_size:
+            raise ValueError(f"scatter({name!r}, values) needs one value per rank: a list of "
+                             f"{group.world_size}, got {type(values).__name__} of length "
+                             f"{len(values) if hasattr(values, '__len__') else '?'}")
+        self._round({r: ("push", _dumps({name: v})) for r, v in enumerate(values)}, timeout)
+
+    # --- one round: send, wait, show, raise ------------------------------------------------------
+    def _round(self, messages: dict[int, tuple], timeout: float | None) -> dict[int, Any]:
+        """Send each rank its message; wait; show the output in rank order; return values or raise."""
+        __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
+        group = self._live()
+        timeout = self.timeout if timeout is None else check_positive("timeout", timeout)
+        # 1) send; 2) wait
+        outcome = group.exchange(messages, timeout)
+        # 3) still busy: where were they? then interrupt them; stop the group if that fails
+        if outcome.late:
+            if not outcome.interrupted_here:
+                outcome.stacks = group.stacks_of(outcome.late)
+            group.interrupt(outcome, _INTERRUPT_GRACE)
+        broken = bool(outcome.stuck or outcome.died)
+        # 4) output of every rank, in rank order, complete before the next one's
+        group.show(sorted(messages), outcome)
+        if broken:
+            self._broken(outcome)
+        if outcome.interrupted_here:
+            raise KeyboardInterrupt
+        # 5) errors fail the cell
+        raise_for(outcome, sorted(messages), timeout, stopped=broken)
+        return {r: reply[3] for r, reply in outcome.replies.items()}
+
+    def _broken(self, outcome: Outcome) -> None:
+        if outcome.died:
+            why = f"{who(sorted(outcome.died))} died"
+        else:
+            why = f"{who(outcome.stuck)} stayed blocked (a collective or a recv cannot be interrupted)"
+        self.stop()
+        self._why_stopped = (f"{why} in an earlier cell, so the group was stopped: gc.ranks.restart() "
+                             "starts a fresh one (the ranks' variables are lost)")
+
+    def _live(self) -> LiveGroup:
+        if self._group is None:
+            raise RuntimeError(f"no live ranks: {self._why_stopped}")
+        return self._group
+
+    def _chosen(self, ranks) -> list[int]:
+        group = self._live()
+        if ranks is None:
+            return list(range(group.world_size))
+        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
+        if not chosen:
+            raise ValueError("ranks must name at least one rank, got an empty list")
+        for r in chosen:
+            check_int("rank", r, 0, maximum=group.world_size - 1,
+                      hint=f" (the group has ranks 0..{group.world_size - 1})")
+        return sorted(set(chosen))
+
+
+#: this kernel's live ranks: the group ``%%ranks`` runs on (``gc.ranks``); started by :func:`start_ranks`
+ranks = LiveRanks()
+
+
+def start_ranks(world_size: int = 2, *, timeout: float = 60.0) -> LiveRanks:
+    """Start ``world_size`` live ranks in a gloo group and register the ``%%ranks`` cell magic.
+
+    Returns :data:`ranks` (also ``gc.ranks``), this kernel's group; calling it again replaces the
+    running ranks by fresh ones. In a notebook::
+
+        gc.start_ranks(2)
+
+        %%ranks                   # all ranks;  %%ranks 0  or  %%ranks 0,2  for some;  --timeout 30
+        x = torch.full((2,), float(rank))
+
+        gc.ranks.gather("x")      # [tensor([0., 0.]), tensor([1., 1.])]
+
+    Args:
+        world_size: number of ranks.
+        timeout: seconds to join the group, and the default time limit of each cell.
+
+    Example::
+
+        >>> group = start_ranks(2)
+        >>> group.gather("rank * 10")
+        [0, 10]
+        >>> group.stop()
+    """
+    ranks.start(world_size, timeout=timeout)
+    _register_magic()
+    return ranks
+
+
+# --- the %%ranks cell magic --------------------------------------------------------------------------
+
+_USAGE = "usage: %%ranks [RANKS] [--timeout SECONDS]   e.g. %%ranks,  %%ranks 0,  %%ranks 0,2 --timeout 30"
+
+
+def parse_magic_line(line: str) -> tuple[list[int] | None, float | None]:
+    """``"0,2 --timeout 30"`` → ``([0, 2], 30.0)``; ``""`` → ``(None, None)`` (all ranks, the default).
+
+    Example::
+
+        >>> parse_magic_line("1 --timeout=5")
+        ([1], 5.0)
+    """
+    tokens = line.replace("--timeout=", "--timeout ").split()
+    chosen: list[int] | None = None
+    timeout: float | None = None
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--timeout":
+            if i + 1 == len(tokens):
+                raise ValueError(f"--timeout needs a number of seconds. {_USAGE}")
+            try:
+                timeout = float(tokens[i + 1])
+            except ValueError:
+                raise ValueError(f"--timeout must be a number of seconds, got {tokens[i + 1]!r}. {_USAGE}") from None
+            if not timeout > 0:
+                raise ValueError(f"--timeout must be > 0, got {tokens[i + 1]}. {_USAGE}")
+            i += 2
+            continue
+        if not re.fullmatch(r"\d+(,\d+)*,?", token):
+            raise ValueError(f"cannot read {token!r} as ranks. {_USAGE}")
+        chosen = (chosen or []) + [int(r) for r in token.split(",") if r]
+        i += 1
+    return chosen, timeout
+
+
+def _ranks_magic(line: str, cell: str) -> None:
+    """%%ranks [RANKS] [--timeout SECONDS]: run this cell on the live ranks (all, or those listed)."""
+    __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
+    from IPython.core.error import UsageError
+
+    try:
+        chosen, timeout = parse_magic_line(line)
+        ranks._chosen(chosen)                 # no live ranks, or a rank that does not exist
+    except (ValueError, RuntimeError) as e:
+        raise UsageError(str(e)) from None
+    ranks.run(cell, chosen, timeout=timeout)
+
+
+def _register_magic() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    shell.register_magic_function(_ranks_magic, magic_kind="cell", magic_name="ranks")
+    return True
+
+
+def _names(values) -> dict:
+    if not isinstance(values, dict):
+        raise TypeError(f"values must be a dict {{name: value}}, got {type(values).__name__}")
+    for name in values:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise ValueError(f"each name must be a Python identifier, got {name!r}")
+    return values
+
+
+def _dumps(values: dict) -> bytes:
+    """Pickled for the ranks — functions and classes from the notebook by value (cloudpickle)."""
+    try:
+        import cloudpickle
+    except ImportError:  # pragma: no cover - a dependency of the course
+        return pickle.dumps(values)
+    try:
+        return cloudpickle.dumps(values)
+    except Exception as e:  # noqa: BLE001
+        raise TypeError(f"push: these values cannot be sent to the ranks ({type(e).__name__}: {e}); "
+                        "send plain data, functions or classes, and create locks, files or "
+                        "connections on the ranks") from None

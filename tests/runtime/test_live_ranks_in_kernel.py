@@ -1,0 +1,173 @@
+"""Live ranks in a real Jupyter kernel: the ``%%ranks`` magic, its output, errors that fail the
+cell (and nbval), and ranks that die with the kernel — even when it is killed with SIGKILL."""
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+from _processes import alive, children_of, comm, listeners_of, parent_of, wait_gone
+from nbformat.v4 import new_code_cell, new_notebook
+
+import gpucourse as gc
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+REPO = Path(gc.__file__).resolve().parents[1]     # the kernel imports the same gpucourse as this test
+
+
+class Kernel:
+    """An ipykernel of this interpreter (unix sockets), and a way to run a cell and keep its outputs."""
+
+    def __init__(self, tmp_path):
+        import ipykernel.kernelspec
+        from jupyter_client.kernelspec import KernelSpecManager
+        from jupyter_client.manager import KernelManager
+
+        class CurrentEnv(KernelSpecManager):
+            def get_kernel_spec(self, kernel_name):
+                return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
+                                              **ipykernel.kernelspec.get_kernel_dict())
+
+        self.sockets = tempfile.mkdtemp(prefix="gpucourse-kernel-")
+        self.km = KernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnv())
+        self.km.transport, self.km.ip = "ipc", os.path.join(self.sockets, "kernel")
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        self.km.start_kernel(env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
+        self.pid = self.km.provisioner.process.pid
+        self.client = self.km.client()
+        self.client.start_channels()
+        self.client.wait_for_ready(timeout=120)
+
+    def run(self, code: str, timeout: float = 120):
+        """``(status, outputs)``: outputs as ``(kind, text or mime types)`` in the order they came."""
+        outputs = []
+
+        def keep(msg):
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                if outputs and outputs[-1][0] == content["name"]:      # as a notebook merges them
+                    outputs[-1] = (content["name"], outputs[-1][1] + content["text"])
+                else:
+                    outputs.append((content["name"], content["text"]))
+            elif kind in ("execute_result", "display_data"):
+                outputs.append((kind, content["data"].get("text/plain") if kind == "execute_result"
+                                else sorted(content["data"])))
+            elif kind == "error":
+                outputs.append(("error", content["ename"], content["evalue"], content["traceback"]))
+
+        reply = self.client.execute_interactive(code, output_hook=keep, timeout=timeout)
+        return reply["content"]["status"], outputs
+
+    def close(self):
+        self.client.stop_channels()
+        self.km.shutdown_kernel(now=True)
+        import shutil
+        shutil.rmtree(self.sockets, ignore_errors=True)
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    k = Kernel(tmp_path)
+    try:
+        yield k
+    finally:
+        k.close()
+
+
+def test_ranks_magic_in_a_kernel(kernel):
+    status, out = kernel.run("import gpucourse as gc\ngroup = gc.start_ranks(2)\ngroup is gc.ranks")
+    assert (status, out) == ("ok", [("execute_result", "True")])
+    # every rank's output complete (stdout, then stderr) before the next rank's, labelled
+    status, out = kernel.run("%%ranks\nimport sys\nt = torch.tensor([rank + 1.0])\ndist.all_reduce(t)\n"
+                             "print('sum', t)\nprint('note', rank, file=sys.stderr)\nt.item()")
+    assert status == "ok"
+    assert out == [("stdout", "[rank 0] sum tensor([3.])\n[rank 0] 3.0\n"), ("stderr", "[rank 0] note 0\n"),
+                   ("stdout", "[rank 1] sum tensor([3.])\n[rank 1] 3.0\n"), ("stderr", "[rank 1] note 1\n")]
+    assert kernel.run("%%ranks 1\nt += 1\nt") == ("ok", [("stdout", "[rank 1] tensor([4.])\n")])
+    assert kernel.run("gc.ranks.gather('t.item()')") == ("ok", [("execute_result", "[3.0, 4.0]")])
+    # a plot on rank 0 is a picture in the notebook
+    status, out = kernel.run("%%ranks 0\nimport matplotlib.pyplot as plt\nplt.plot([1, 3, 2]);")
+    assert status == "ok" and out == [("display_data", ["image/png", "text/plain"])]
+    # an exception on a rank fails the cell; the traceback shown is the rank's, labelled
+    status, out = kernel.run("%%ranks\nif rank == 1:\n    raise ValueError('bad batch')")
+    assert status == "error"
+    (kind, ename, evalue, tb), = out
+    assert (kind, ename) == ("error", "RankError") and evalue.startswith("rank 1 raised ValueError: bad batch")
+    assert "[rank 1]     raise ValueError('bad batch')" in "\n".join(tb)
+    assert "live_ranks.py" not in "\n".join(tb)               # not the kernel-side frames that relayed it
+    # a hang fails the cell with RankTimeout, then the group restarts
+    status, out = kernel.run("%%ranks --timeout 2\nif rank == 0:\n    dist.barrier()")
+    assert status == "error" and out[-1][1] == "RankTimeout" and "rank 0 still busy" in out[-1][2]
+    status, out = kernel.run("%%ranks\nprint(rank)")
+    assert status == "error" and "gc.ranks.restart()" in out[0][1]       # UsageError: say how to go on
+    assert kernel.run("gc.ranks.restart(4).gather('world_size')") == ("ok", [("execute_result", "[4, 4, 4, 4]")])
+    status, out = kernel.run("%%ranks 0,2 --timeout 30\nprint(rank)")
+    assert (status, out) == ("ok", [("stdout", "[rank 0] 0\n[rank 2] 2\n")])
+    status, out = kernel.run("%%ranks 7\nprint(rank)")
+    assert status == "error" and "the group has ranks 0..3" in out[0][1]
+
+
+@linux_only
+def test_ranks_and_what_they_started_die_when_the_kernel_is_killed(kernel):
+    status, out = kernel.run(textwrap.dedent("""
+        import gpucourse as gc
+        gc.start_ranks(2)
+        gc.ranks.run('''
+        import os, subprocess
+        pids = [os.getpid(), subprocess.Popen(["sleep", "60"], start_new_session=True).pid]
+        ''')
+        print(sum(gc.ranks.gather("pids"), []))
+        print(gc.ranks._group.folder)
+    """))
+    assert status == "ok", out
+    printed, folder = out[0][1].strip().splitlines()
+    pids = [int(p) for p in printed.strip("[]").split(",")]
+    ranks = pids[0::2]
+    keeper = parent_of(ranks[0])
+    # found honestly: the ranks report their pids; /proc says whose children they are
+    assert comm(keeper) == "gpucourse-keep" and parent_of(keeper) == kernel.pid
+    assert all(parent_of(r) == keeper for r in ranks)
+    assert sorted(children_of(keeper)) == sorted(ranks)
+    family = [keeper, *pids]
+    assert all(alive(p) for p in family)
+    listening = listeners_of([kernel.pid, *family])          # the store (in the kernel) and gloo's
+    assert len(listening) >= 3 and all(ipaddress.ip_address(a).is_loopback for a, _ in listening), listening
+    try:
+        os.kill(kernel.pid, signal.SIGKILL)
+        left = wait_gone(family, 5)
+        assert left == [], f"outlived the killed kernel: {[(p, comm(p)) for p in left]}"
+        assert not os.path.exists(folder)
+    finally:
+        for pid in family:                      # never leave them running, whatever the outcome
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_nbval_fails_a_notebook_whose_rank_raises(tmp_path):
+    error_cell = new_code_cell("%%ranks\nif rank == 1:\n    raise KeyError('x')")
+    hang_cell = new_code_cell("%%ranks --timeout 2\nif rank == 0:\n    dist.barrier()")
+    hang_cell.metadata["tags"] = ["raises-exception"]      # an expected hang, as a lesson shows one
+    nb = new_notebook(cells=[
+        new_code_cell("import gpucourse as gc\ngc.start_ranks(2);"),
+        new_code_cell("%%ranks\nx = torch.ones(2) * rank\nx.sum().item()"),
+        error_cell,
+        hang_cell,
+        new_code_cell("gc.ranks.restart()\ngc.ranks.gather('rank')"),
+    ])
+    path = tmp_path / "live.ipynb"
+    nbformat.write(nb, path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:python", "-p", "no:cacheprovider",
+                             "-q", "--nbval-lax", "--nbval-current-env", "-o", "addopts=", str(path)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "1 failed, 4 passed" in result.stdout, result.stdout[-3000:]
+    assert "RankError" in result.stdout and "rank 1 raised KeyError" in result.stdout
