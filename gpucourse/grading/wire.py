@@ -98,9 +98,13 @@ class Opaque:
 
 
 def raised(exc: BaseException) -> Raised:
-    """The :class:`Raised` record of an exception (a ``WorkerError`` also names the rank's exception)."""
+    """The :class:`Raised` record of an exception. A rank's exception relayed by the kernel (a
+    ``gc.WorkerError``'s ``exc_type``, a ``gc.RankError``'s ``exc_types``) is kept as ``remote_type``."""
     mro = tuple(c.__name__ for c in type(exc).__mro__ if c is not object)
-    return Raised(type(exc).__name__, mro, str(exc)[:4000], getattr(exc, "exc_type", None))
+    remote = getattr(exc, "exc_type", None)
+    if remote is None and isinstance(getattr(exc, "exc_types", None), dict):
+        remote = next((t for _, t in sorted(exc.exc_types.items()) if t), None)
+    return Raised(type(exc).__name__, mro, str(exc)[:4000], remote if isinstance(remote, str) else None)
 
 
 # --- encoding -----------------------------------------------------------------------------------

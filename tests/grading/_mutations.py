@@ -15,11 +15,12 @@ trivial ones (``return None``, ``return 0`` in every region).
 
 How one answer is run (what ``grade`` does, minus the kernel and the sandbox)::
 
-    judge  = Judge(chapter, solutions/)         # the course's answers, in this process
-    student namespace: the solutions notebook's code cells up to the exercise's check, with the
-                       exercise's solution regions replaced by the wrong answer
-    harness.prime(slot, judge.cases(slot, seed)); exec(check cell) → values (wire text)
-    judge.compare(slot, seed, values)            # passed / message
+    judge  = a judge process for the chapter     # the course's answers (and its own live ranks)
+    student: this process's IPython shell runs the solutions notebook's code cells up to the
+             exercise's check, with the exercise's solution regions replaced by the wrong answer
+             (``%%ranks`` cells included: they run on this process's live ranks)
+    harness.prime(slot, judge cases(slot, seed)); the check cell → values (wire text)
+    judge compare(slot, seed, values)            # passed / message
 
 Each answer is judged on :data:`SEEDS` (fixed, so a failure reproduces): a visible check that
 catches a wrong answer on one seed and not another is too weak, and fails this test.
@@ -29,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import types
 from pathlib import Path
 
 import nbformat
@@ -37,7 +40,6 @@ import pytest
 
 from gpucourse.grading import harness
 from gpucourse.grading.exercises import BEGIN, END, EXERCISE_HEADING, exercise_index
-from gpucourse.grading.judge import Judge
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
@@ -46,12 +48,26 @@ SEEDS = [11, 12] + list(range(1000, 1000 + int(os.environ.get("GPUCOURSE_MUTATIO
 #: a visible check must reject at least this many plausible wrong answers of its exercise
 MIN_VISIBLE = 3
 
-_judges: dict[str, Judge] = {}
+_judges: dict = {}
 
 
-def judge_of(chapter: str) -> Judge:
+class _Judge:
+    """A chapter's judge in a process of its own (as in ``grade``), asked over its pipe."""
+
+    def __init__(self, chapter: str):
+        self.process = harness.JudgeProcess(chapter, SOLUTIONS, local=True)
+        self.errors = self.process.hello.get("errors", [])
+
+    def cases(self, slot: str, seed: int) -> dict:
+        return self.process.request({"op": "cases", "slot": slot, "seed": seed})
+
+    def compare(self, slot: str, seed: int, values: str) -> dict:
+        return self.process.request({"op": "compare", "slot": slot, "seed": seed, "values": values})
+
+
+def judge_of(chapter: str) -> _Judge:
     if chapter not in _judges:
-        _judges[chapter] = Judge(chapter, SOLUTIONS)
+        _judges[chapter] = _Judge(chapter)
         assert not _judges[chapter].errors, _judges[chapter].errors
     return _judges[chapter]
 
@@ -80,17 +96,30 @@ def _notebook(chapter: str):
     return nbformat.read(path, as_version=4), path.name
 
 
-def _student_namespace(chapter: str, exercise: str, answers: list | None) -> tuple[dict, str]:
-    """Execute the solutions notebook's code cells before ``exercise``'s check, planting the
-    wrong answer; returns the namespace and the check cell's source."""
-    from IPython.core.inputtransformer2 import TransformerManager
+def _shell():
+    from IPython.core.interactiveshell import InteractiveShell
 
+    return InteractiveShell.instance()
+
+
+def _run(shell, source: str, where: str) -> None:
+    result = shell.run_cell(source, store_history=False, silent=True)
+    if not result.success:
+        err = result.error_in_exec or result.error_before_exec
+        raise RuntimeError(f"{where} raised {type(err).__name__}: {err}") from err
+
+
+def _student_namespace(chapter: str, exercise: str, answers) -> tuple[dict, str]:
+    """Run the solutions notebook's code cells before ``exercise``'s check in a fresh namespace of
+    this process's IPython shell, planting the wrong answer; returns the namespace and the check."""
     nb, name = _notebook(chapter)
     index = exercise_index(nb, name=name)
     ex = index[exercise]
     skip = {i for e in index.values() for i in (*e.check_cells, *e.hidden_cells)}
-    namespace = {"__name__": "__main__"}
-    transform = TransformerManager().transform_cell
+    shell = _shell()
+    module = types.ModuleType("__main__")
+    shell.user_module, shell.user_ns = module, module.__dict__
+    shell.init_user_ns()
     with contextlib.redirect_stdout(io.StringIO()):
         for i in range(ex.check_cells[0]):
             cell = nb.cells[i]
@@ -105,9 +134,9 @@ def _student_namespace(chapter: str, exercise: str, answers: list | None) -> tup
                     mine = answers[:regions]
                     answers = answers[regions:]
                 source = plant(source, mine)
-            exec(compile(transform(source), f"<{name} cell {i}>", "exec"), namespace)
+            _run(shell, source, f"{name} cell {i}")
     assert isinstance(answers, Every) or not answers, f"{exercise}: more answers than solution regions"
-    return namespace, nb.cells[ex.check_cells[0]].source
+    return module.__dict__, nb.cells[ex.check_cells[0]].source
 
 
 class Every:
@@ -129,11 +158,11 @@ def verdicts(chapter: str, exercise: str, answer, *, seed: int, hidden: bool = F
         slots = [exercise] + ([f"{exercise}/hidden"] if hidden else [])
         for slot in slots:
             payload = judge.cases(slot, seed)
-            harness.prime(slot, __import__("json").dumps(payload))
+            harness.prime(slot, json.dumps(payload))
             with contextlib.redirect_stdout(io.StringIO()):
                 try:
                     if slot == exercise:
-                        exec(compile(check_source, f"<check {exercise}>", "exec"), namespace)
+                        _run(_shell(), check_source, f"check {exercise}")
                     else:
                         harness.run_hidden(exercise)
                 except Exception as e:  # noqa: BLE001 - a check cell that cannot run sends nothing
@@ -149,6 +178,9 @@ def verdicts(chapter: str, exercise: str, answer, *, seed: int, hidden: bool = F
     finally:
         harness._state["mode"] = mode
         harness._state["runs"].pop(exercise, None)
+        ranks = getattr(__import__("gpucourse").runtime, "ranks", None)
+        if ranks is not None and ranks.running:             # live ranks the notebook started
+            ranks.stop()
     return out
 
 
@@ -194,4 +226,4 @@ def chapter_tests(chapter: str, visible: dict, hidden: dict):
             test_trivial_answers_fail)
 
 
-__all__ = ["MIN_VISIBLE", "SEEDS", "chapter_tests", "judge_of", "plant", "verdicts", "EXERCISE_HEADING"]
+__all__ = ["MIN_VISIBLE", "SEEDS", "EXERCISE_HEADING", "Every", "chapter_tests", "judge_of", "plant", "verdicts"]
