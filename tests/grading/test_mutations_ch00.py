@@ -72,6 +72,35 @@ if nprocs > len(visible):
 return "nccl", list(range(nprocs))              # cuda:r, not the GPU behind it
 """,
     },
+    "00.4": {
+        "chunk, not tensor_split": """\
+share = values.chunk(world_size)[rank].sum()     # chunk makes fewer pieces than ranks for tiny inputs
+total = share.clone()
+dist.all_reduce(total)
+return share, total
+""",
+        "every rank sums everything": """\
+share = values.tensor_split(world_size)[rank].sum()
+return share, values.sum()                       # right total, no collective: the work is not divided
+""",
+        "the share is all-reduced in place": """\
+share = values.tensor_split(world_size)[rank].sum()
+dist.all_reduce(share)
+return share, share
+""",
+        "a mean, not the total": """\
+share = values.tensor_split(world_size)[rank].sum()
+total = share.clone()
+dist.all_reduce(total)
+return share, total / world_size
+""",
+        "interleaved, not contiguous": """\
+share = values[rank::world_size].sum()
+total = share.clone()
+dist.all_reduce(total)
+return share, total
+""",
+    },
 }
 
 HIDDEN = {
@@ -89,6 +118,14 @@ ids = [int(x) for x in spec.split(",")]          # int('') fails on an empty CUD
 if not 0 <= logical < len(ids):
     raise IndexError(logical)
 return ids[logical]
+""",
+    },
+    "00.4": {
+        "always float64": """\
+share = values.tensor_split(world_size)[rank].sum().double()     # right for the visible float64 inputs
+total = share.clone()
+dist.all_reduce(total)
+return share, total
 """,
     },
     "00.3": {
