@@ -149,6 +149,9 @@ class Judge:
             where = f"{name}, case {i + 1} of {len(cases)}"
             if isinstance(got, wire.Raised) and got.not_implemented and not isinstance(want, wire.Raised):
                 return self._verdict(False, f"{spec.exercise}: not implemented yet ({got})", spec, seed, hint=False)
+            if isinstance(want, wire.Raised) and spec.compare is not None and not isinstance(got, wire.Raised):
+                return self._verdict(False, f"{where} — {self._describe(spec, case)}: the course's own answer "
+                                            f"raised {want} on this case (report this to the course)", spec, seed)
             try:
                 if spec.compare is not None:
                     spec.compare(case, got, want)

@@ -289,6 +289,33 @@ times = [modelled_step_time(ready, nbytes, alpha, beta, cap) for cap in caps]
 return max((c for c, t in zip(caps, times) if t == min(times)))
 """],
     },
+    "04.5": {
+        "a sum, not a mean": """\
+buffer = bucket.buffer()
+return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+""",
+        "no all-reduce: each rank keeps its own gradients": """\
+fut = torch.futures.Future()
+fut.set_result(bucket.buffer() / dist.get_world_size())
+return fut
+""",
+        "the future of the list, not of the tensor": """\
+buffer = bucket.buffer()
+buffer.div_(dist.get_world_size())
+return dist.all_reduce(buffer, async_op=True).get_future()
+""",
+        "returns the buffer before the all-reduce changed it": """\
+before = bucket.buffer() / dist.get_world_size()
+dist.all_reduce(bucket.buffer())
+fut = torch.futures.Future()
+fut.set_result(before)
+return fut
+""",
+        "PyTorch's hook": """\
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+return allreduce_hook(None, bucket)
+""",
+    },
 }
 
 HIDDEN = {
@@ -328,6 +355,13 @@ self.require_sync = True
         "first in list order on a tie": [None, """\
 return min(caps, key=lambda cap: modelled_step_time(ready, nbytes, alpha, beta, cap))
 """],
+    },
+    "04.5": {
+        "float32 whatever the gradients": """\
+buffer = bucket.buffer()
+buffer.div_(dist.get_world_size())
+return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0].float())
+""",
     },
 }
 

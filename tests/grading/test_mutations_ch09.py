@@ -147,6 +147,41 @@ if rank >= tp * dp:
             "return 0 if tp == 1 else 4 * layers * batch * seq * hidden * dtype_bytes * 2 * (tp - 1) // tp"),
         "calls the forbidden helper": "return gc.tp_comm_bytes(batch, seq, hidden, layers, tp, dtype_bytes)",
     },
+    "09.6": {
+        "the bias on every rank, before the sum": """\
+mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
+partial = x[:, mine] @ w[:, mine].T
+y = partial + b
+dist.all_reduce(y)                              # every rank's bias is summed too
+return partial, y
+""",
+        "output features split, not input features": """\
+mine = torch.arange(w.shape[0]).tensor_split(world_size)[rank]
+partial = x @ w[mine].T                         # a column-parallel piece
+y = partial.clone()
+dist.all_reduce(y)
+return partial, y + b
+""",
+        "no collective": """\
+mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
+partial = x[:, mine] @ w[:, mine].T
+return partial, partial + b
+""",
+        "interleaved features": """\
+mine = torch.arange(rank, w.shape[1], world_size)
+partial = x[:, mine] @ w[:, mine].T
+y = partial.clone()
+dist.all_reduce(y)
+return partial, y + b
+""",
+        "a mean over the ranks": """\
+mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
+partial = x[:, mine] @ w[:, mine].T
+y = partial.clone()
+dist.all_reduce(y)
+return partial, y / world_size + b
+""",
+    },
 }
 
 HIDDEN = {
@@ -180,6 +215,15 @@ if rank < 0 or rank > tp * dp:
     },
     "09.5": {
         "tp = 1 is not special (ported)": "return 4 * layers * batch * seq * hidden * dtype_bytes   # even when tp = 1",
+    },
+    "09.6": {
+        "chunk, not tensor_split": """\
+mine = torch.arange(w.shape[1]).chunk(world_size)[rank]    # one feature: one chunk, rank 1 has none to index
+partial = x[:, mine] @ w[:, mine].T
+y = partial.clone()
+dist.all_reduce(y)
+return partial, y + b
+""",
     },
 }
 
