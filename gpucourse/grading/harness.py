@@ -401,6 +401,35 @@ def _gate(key: str, args, kwargs):
 _FORBIDDEN: dict[str, tuple] = {}
 
 
+def _gate_code(name: str, key: str, free: tuple):
+    """The code of a stand-in for a forbidden function: it calls :func:`_gate` with ``key``.
+
+    It declares the same free variables as the function it replaces (a method that calls
+    ``super()`` has a ``__class__`` cell; a decorated function has its decorator's), because a
+    function's code can only be swapped for code with as many free variables as its closure.
+    ``None`` if that cannot be arranged.
+
+    Example::
+
+        >>> _gate_code("__init__", "m.C.__init__", ("__class__",)).co_freevars
+        ('__class__',)
+    """
+    call = (f"return __import__('gpucourse.grading.harness', fromlist=['_gate'])._gate("
+            f"{key!r}, args, kwargs)")
+    if not free:
+        return compile(f"def {name}(*args, **kwargs):\n    {call}\n", "<forbidden>", "exec").co_consts[0]
+    src = ("def _factory():\n" + "".join(f"    {v} = None\n" for v in free)
+           + f"    def {name}(*args, **kwargs):\n        ({', '.join(free)},)\n        {call}\n"
+           + f"    return {name}\n")
+    namespace: dict = {}
+    try:
+        exec(compile(src, "<forbidden>", "exec"), namespace)    # noqa: S102 - our own source
+    except SyntaxError:
+        return None
+    code = namespace["_factory"]().__code__
+    return code if code.co_freevars == tuple(free) else None
+
+
 @contextlib.contextmanager
 def forbidden(names, exercise: str = ""):
     """While inside: each function in ``names`` (``"gc.zero_memory"``) raises :class:`ForbiddenCall`
@@ -416,16 +445,15 @@ def forbidden(names, exercise: str = ""):
             if isinstance(fn, type):
                 fn = fn.__dict__.get("__init__")
             fn = getattr(fn, "__func__", fn)
-            if not isinstance(fn, types.FunctionType) or fn.__closure__:
+            if not isinstance(fn, types.FunctionType):
                 continue
             key = f"{fn.__module__}.{fn.__qualname__}"
-            copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__)
+            gate = _gate_code(fn.__name__, key, fn.__code__.co_freevars)
+            if gate is None:
+                continue
+            copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
             copy.__kwdefaults__ = fn.__kwdefaults__
             _FORBIDDEN[key] = (copy, dotted)
-            src = (f"def {fn.__name__}(*args, **kwargs):\n"
-                   f"    return __import__('gpucourse.grading.harness', fromlist=['_gate'])._gate("
-                   f"{key!r}, args, kwargs)\n")
-            gate = compile(src, "<forbidden>", "exec").co_consts[0]
             swapped.append((fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__))
             fn.__code__, fn.__defaults__, fn.__kwdefaults__ = gate, None, None
         yield
