@@ -130,7 +130,15 @@ def expect(condition, message: str) -> None:
 
 
 def _short(v, limit: int = 120) -> str:
-    """A value as a message shows it: small tensors in full, large ones by shape."""
+    """A value as a message shows it: small tensors in full, large ones by shape — inside
+    containers too.
+
+    Example::
+
+        >>> import torch
+        >>> _short((torch.zeros(7, 2), torch.ones(2, dtype=torch.int64), [1.5, "a"]))
+        "(tensor of shape (7, 2), float32, tensor([1, 1], int64), [1.5, 'a'])"
+    """
     if isinstance(v, Raised):
         return f"raised {v}"
     if isinstance(v, Opaque):
@@ -144,8 +152,12 @@ def _short(v, limit: int = 120) -> str:
             vals = v.tolist()
             return f"tensor({vals}, {dtype})"
         return f"tensor of shape {tuple(v.shape)}, {dtype}"
-    if isinstance(v, float):
-        text = repr(v)
+    if isinstance(v, (list, tuple)) and type(v) in (list, tuple):
+        inner = ", ".join(_short(x, limit) for x in v[:limit // 4])
+        inner += ", …" if len(v) > limit // 4 else ""
+        text = f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+    elif isinstance(v, dict) and type(v) is dict:
+        text = "{" + ", ".join(f"{k!r}: {_short(x, limit)}" for k, x in list(v.items())[:limit // 4]) + "}"
     else:
         text = repr(v)
     return text if len(text) <= limit else text[: limit - 1] + "…"
