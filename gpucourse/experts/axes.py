@@ -7,7 +7,7 @@ For one mixture-of-experts transformer and ``degree`` ranks along ONE axis at a 
 | DP / ZeRO | the batch (ZeRO: also the model states) | gradients (ZeRO-3: + parameters) | ``zero_comm_bytes``, ``zero_memory`` (08) |
 | TP | every weight matrix (heads, features) | activations, all-reduce 4× per layer | ``tp_comm_bytes`` (09) |
 | PP | the layers (depth) | activations/gradients at stage boundaries | ``parallelism_comm``, ``bubble_fraction`` (07, 09) |
-| CP | the sequence | K/V blocks around a ring | ``cp_comm_bytes`` (11) |
+| CP | the sequence | K/V blocks around a ring, ``3N−2`` messages per layer | ``cp_comm_bytes`` (11) |
 | EP | the experts | token copies, all-to-all 4× per MoE layer | ``ep_comm_bytes`` (11) |
 
 Time per link comes from chapter 05's α-β model (``gc.LINKS``). Model states are
@@ -120,9 +120,9 @@ def parallelism_axes(*, layers: int = 32, hidden: int = 4096, ffn_hidden: int = 
                                     method="ring", dtype_bytes=dtype_bytes)["total"]
     except ImportError:             # chapter 11's context-parallel part is not installed
         cp = None
-    cp_msgs = layers * 2 * (n - 1)
+    cp_msgs = layers * (3 * n - 2 if n > 1 else 0)          # cp_comm_time's count: N−1 forward, 2N−1 backward
     rows.append(dict(axis="CP", splits="sequence", communicates="K/V blocks, ring",
-                     how_often=f"2(N−1) ring steps/layer = {cp_msgs}", messages=cp_msgs, bytes=cp,
+                     how_often=f"3N−2 ring messages/layer = {cp_msgs}", messages=cp_msgs, bytes=cp,
                      **times(cp_msgs, cp), states=replicated, activations="÷N (its sequence share)"))
     # EP (chapter 11, part B): 2 all-to-alls forward and 2 backward per MoE layer
     ep = layers * ep_comm_bytes(tokens=-(-batch * seq // n), d_model=hidden, world_size=n, top_k=top_k,

@@ -95,11 +95,22 @@ def ep_comm_bytes(*, tokens: int, d_model: int, world_size: int, top_k: int, dty
 
 
 def ep_comm_time(*, tokens: int, d_model: int, world_size: int, top_k: int, link: AlphaBeta,
-                 dtype_bytes: int = 2) -> float:
-    """α-β seconds of one MoE layer's four all-to-alls (uniform routing) over ``link``.
+                 dtype_bytes: int = 2, ranks_per_node: int | None = None, intra: AlphaBeta | None = None) -> float:
+    """α-β seconds of one MoE layer's four all-to-alls (uniform routing).
 
     An all-to-all is ``world−1`` messages per rank (one to every other rank), each
-    ``1/(world−1)`` of the rank's bytes: ``4 · ((world−1)·α + bytes_one_way/2 · β)``.
+    ``1/(world−1)`` of the rank's bytes. Without ``ranks_per_node`` every message goes over
+    ``link``: ``4 · ((world−1)·α + bytes_one_way/2 · β)``. With ``ranks_per_node = g``, the
+    ``g−1`` messages to ranks of the same node go over ``intra`` (default ``gc.LINKS["NVLink"]``)
+    and only the other ``world−g`` over ``link`` — ``(world−g)/(world−1)`` of the rows; the two
+    links work at the same time, so each all-to-all takes the longer of the two parts.
+
+    Args:
+        tokens, d_model, world_size, top_k, dtype_bytes: as for :func:`ep_comm_bytes`.
+        link: the link between ranks (between nodes when ``ranks_per_node`` is given).
+        ranks_per_node: ranks that share a node (a divisor of ``world_size``); ``None``: every rank
+            talks to every other over ``link``.
+        intra: the link inside a node (default NVLink).
 
     Example::
 
@@ -108,13 +119,31 @@ def ep_comm_time(*, tokens: int, d_model: int, world_size: int, top_k: int, link
         >>> ib = ep_comm_time(tokens=4096, d_model=4096, world_size=8, top_k=2, link=LINKS["100 Gb InfiniBand"])
         >>> round(ib / nv)
         22
+        >>> nodes = ep_comm_time(tokens=4096, d_model=4096, world_size=64, top_k=2, ranks_per_node=8,
+        ...                      link=LINKS["100 Gb InfiniBand"])
+        >>> round(nodes / ib, 2)        # 56/63 of the rows cross the network, a little more than 8 ranks' 7/8
+        1.02
 
     .. warning::
-        With ``world`` ranks over several nodes, only the copies to other nodes cross the slow
-        link; using that link's α and β for all of them (as here) is the pessimistic bound.
+        Uniform routing: a skewed router sends more to the popular experts' ranks, and their
+        links set the pace.
     """
     check_type("link", link, AlphaBeta, "an AlphaBeta (e.g. gc.LINKS['NVLink'])")
     b = ep_comm_bytes(tokens=tokens, d_model=d_model, world_size=world_size, top_k=top_k, dtype_bytes=dtype_bytes)
     if world_size == 1:
         return 0.0
-    return 4 * ((world_size - 1) * link.alpha + b["forward"] / 2 * link.beta)
+    per_all_to_all = b["forward"] / 2                    # dispatch and return: half the forward bytes each
+    if ranks_per_node is None:
+        return 4 * ((world_size - 1) * link.alpha + per_all_to_all * link.beta)
+    check_int("ranks_per_node", ranks_per_node, 1, maximum=world_size)
+    if world_size % ranks_per_node:
+        raise ValueError(f"ranks_per_node ({ranks_per_node}) must divide world_size ({world_size})")
+    if intra is None:
+        from ..cluster import LINKS
+        intra = LINKS["NVLink"]
+    check_type("intra", intra, AlphaBeta, "an AlphaBeta (e.g. gc.LINKS['NVLink'])")
+    share = per_all_to_all / (world_size - 1)             # one message
+    inside, outside = ranks_per_node - 1, world_size - ranks_per_node
+    t_inside = inside * (intra.alpha + share * intra.beta)
+    t_outside = outside * (link.alpha + share * link.beta)
+    return 4 * max(t_inside, t_outside)

@@ -130,7 +130,15 @@ def expect(condition, message: str) -> None:
 
 
 def _short(v, limit: int = 120) -> str:
-    """A value as a message shows it: small tensors in full, large ones by shape."""
+    """A value as a message shows it: small tensors in full, large ones by shape — inside
+    containers too.
+
+    Example::
+
+        >>> import torch
+        >>> _short((torch.zeros(7, 2), torch.ones(2, dtype=torch.int64), [1.5, "a"]))
+        "(tensor of shape (7, 2), float32, tensor([1, 1], int64), [1.5, 'a'])"
+    """
     if isinstance(v, Raised):
         return f"raised {v}"
     if isinstance(v, Opaque):
@@ -144,8 +152,12 @@ def _short(v, limit: int = 120) -> str:
             vals = v.tolist()
             return f"tensor({vals}, {dtype})"
         return f"tensor of shape {tuple(v.shape)}, {dtype}"
-    if isinstance(v, float):
-        text = repr(v)
+    if isinstance(v, (list, tuple)) and type(v) in (list, tuple):
+        inner = ", ".join(_short(x, limit) for x in v[:limit // 4])
+        inner += ", …" if len(v) > limit // 4 else ""
+        text = f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+    elif isinstance(v, dict) and type(v) is dict:
+        text = "{" + ", ".join(f"{k!r}: {_short(x, limit)}" for k, x in list(v.items())[:limit // 4]) + "}"
     else:
         text = repr(v)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -387,12 +399,31 @@ def _resolve(dotted: str):
     return obj
 
 
+_LIBRARY_DIRS = tuple(sorted({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)
+                               if p}))
+
+
+def _called_by_the_course(frame) -> bool:
+    """Who called a forbidden function? Walk up past library frames (torch's ``Module.__call__``,
+    the standard library, the launcher) to the first frame that is either the course's package (it
+    may use its own helpers) or the learner's code (it may not)."""
+    while frame is not None:
+        path = frame.f_code.co_filename
+        real = os.path.realpath(path) if not path.startswith("<") else path
+        if real.startswith(_PACKAGE_DIR + os.sep) and not real.startswith(_RUNTIME_DIR + os.sep):
+            return True
+        library = path.startswith("<frozen") or real.startswith(_LIBRARY_DIRS) or real.startswith(
+            _RUNTIME_DIR + os.sep)
+        if not library:
+            return False
+        frame = frame.f_back
+    return True
+
+
 def _gate(key: str, args, kwargs):
     """Called instead of a forbidden function: the course's own code may still use it."""
     original, name = _FORBIDDEN[key]
-    caller = sys._getframe(2)
-    path = os.path.abspath(caller.f_code.co_filename)
-    if path.startswith(_PACKAGE_DIR + os.sep) and not path.startswith(_RUNTIME_DIR + os.sep):
+    if _called_by_the_course(sys._getframe(2)):
         return original(*args, **kwargs)
     raise ForbiddenCall(f"{name} is off limits in exercise {_state.get('exercise', '?')}: the exercise "
                         f"asks you to write it yourself")
@@ -401,11 +432,12 @@ def _gate(key: str, args, kwargs):
 _FORBIDDEN: dict[str, tuple] = {}
 
 
-def _gate_code(name: str, key: str, free: int) -> types.CodeType:
+def _gate_code(name: str, key: str, free) -> types.CodeType:
     """The code a forbidden function runs instead of its own: a call to :func:`_gate`.
 
-    A function with a closure — a method that calls ``super()`` has one, ``__class__`` — only takes
-    code with as many free variables, so the gate then declares that many (it never reads them).
+    A function with a closure — a method that calls ``super()`` has one, ``__class__``; a decorated
+    function has its decorator's — only takes code with as many free variables, so the gate then
+    declares that many (``free``: their count, or their names; it never reads them).
 
     Example::
 
@@ -418,11 +450,13 @@ def _gate_code(name: str, key: str, free: int) -> types.CodeType:
         >>> B.f.__code__ = _gate_code("f", "k", len(B.f.__code__.co_freevars))   # accepted
         >>> _gate_code("g", "k", 2).co_freevars
         ('_free0', '_free1')
+        >>> _gate_code("__init__", "m.C.__init__", ("__class__",)).co_freevars
+        ('__class__',)
     """
     call = (f"return __import__('gpucourse.grading.harness', fromlist=['_gate'])._gate({key!r}, args, kwargs)")
     if not free:
         return compile(f"def {name}(*args, **kwargs):\n    {call}\n", "<forbidden>", "exec").co_consts[0]
-    names = [f"_free{i}" for i in range(free)]
+    names = list(free) if isinstance(free, (tuple, list)) else [f"_free{i}" for i in range(free)]
     src = ("def _outer():\n" + "".join(f"    {n} = None\n" for n in names)
            + f"    def {name}(*args, **kwargs):\n        if False:\n            ({', '.join(names)},)\n"
            + f"        {call}\n    return {name}\n")

@@ -26,13 +26,16 @@ GiB = 2 ** 30
 #: per GPU (25 GB/s) — NVIDIA A100 datasheet, DGX A100 user guide.
 #: "1gbe": the seed articles' set-up — one 24 GB consumer GPU (RTX 3090: 71 TFLOP/s dense bf16 with
 #: fp32 accumulate, GA102 whitepaper) per machine, machines joined by 1 Gbit/s Ethernet (gc.LINKS["1 GbE"]).
+#: With one GPU per machine nothing crosses ``intra``; it holds PCIe 4.0 x16 (32 GB/s nominal, about
+#: 25 GB/s achieved, ~10 µs), what a second consumer GPU in the box would get — such cards have no
+#: NVLink switch.
 _PRESETS = {
     "h100-sxm-8": dict(devices_per_node=8, memory_bytes=80 * GiB, peak_flops=989e12,
                        intra=(3e-6, 450e9), inter=(5e-6, 50e9)),
     "a100-80g-8": dict(devices_per_node=8, memory_bytes=80 * GiB, peak_flops=312e12,
                        intra=(3e-6, 300e9), inter=(5e-6, 25e9)),
     "1gbe": dict(devices_per_node=1, memory_bytes=24 * GiB, peak_flops=71e12,
-                 intra=(LINKS["NVLink"].alpha, LINKS["NVLink"].bandwidth),
+                 intra=(10e-6, 25e9),
                  inter=(LINKS["1 GbE"].alpha, LINKS["1 GbE"].bandwidth)),
 }
 

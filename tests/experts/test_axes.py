@@ -26,6 +26,11 @@ def test_axes_rows_come_from_each_chapters_formula():
     else:
         assert rows["CP"]["bytes"] == 4 * cp_comm_bytes(batch=2, heads=4, seq=256, head_dim=16, world_size=4,
                                                         dtype_bytes=2)["total"]
+        # the same messages as chapter 11's A6 table (cp_comm_time): 3N − 2 per layer, not 2(N − 1) ring steps
+        one = gc.cp_comm_time(gc.LINKS["NVLink"], batch=2, heads=4, seq=256, head_dim=16, world_size=4)
+        assert rows["CP"]["messages"] == 4 * one["messages"] == 4 * (3 * 4 - 2)
+        assert rows["CP"]["NVLink"] == pytest.approx(4 * one["seconds"])
+        assert "3N−2" in rows["CP"]["how_often"]
     text = str(gc.parallelism_axes())
     assert all(a in text for a in ("DP/ZeRO-3", "TP", "PP", "CP", "EP"))
     with pytest.raises(ValueError):

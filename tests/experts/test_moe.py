@@ -95,3 +95,21 @@ def test_ep_comm_bytes_exact_and_expected():
         kw = dict(tokens=5, d_model=2, world_size=3, top_k=2) | bad
         with pytest.raises(ValueError):
             gc.ep_comm_bytes(**kw)
+
+
+def test_ep_comm_time_charges_the_network_only_for_rows_that_leave_the_node():
+    """Chapter 11 B5: with 8 ranks per node, (N − 8)/(N − 1) of the rows cross the network."""
+    layer = dict(tokens=8192, d_model=4096, top_k=2, dtype_bytes=2)
+    ib, nv = gc.LINKS["100 Gb InfiniBand"], gc.LINKS["NVLink"]
+    flat = gc.ep_comm_time(world_size=64, link=ib, **layer)
+    assert gc.ep_comm_time(world_size=64, link=ib, ranks_per_node=1, **layer) == pytest.approx(flat)
+    assert gc.ep_comm_time(world_size=8, link=ib, ranks_per_node=8, intra=nv, **layer) == pytest.approx(
+        gc.ep_comm_time(world_size=8, link=nv, **layer))
+    one = gc.ep_comm_bytes(world_size=64, **layer)["forward"] / 2 / 63          # one message of an all-to-all
+    by_hand = 4 * max(7 * (nv.alpha + one * nv.beta), 56 * (ib.alpha + one * ib.beta))
+    nodes = gc.ep_comm_time(world_size=64, link=ib, ranks_per_node=8, **layer)
+    assert nodes == pytest.approx(by_hand) and nodes < flat
+    eight_nodes = gc.ep_comm_time(world_size=8, link=ib, **layer)                 # 8 ranks, one per node
+    assert eight_nodes < nodes < 1.05 * eight_nodes                               # more nodes do not help
+    with pytest.raises(ValueError, match="divide"):
+        gc.ep_comm_time(world_size=12, link=ib, ranks_per_node=8, **layer)

@@ -170,6 +170,8 @@ def test_cluster_presets_and_links():
     e = gc.ClusterSpec.preset("1gbe", nodes=4)
     assert e.inter == gc.LINKS["1 GbE"].__class__(e.inter.alpha, e.inter.beta, "inter")
     assert e.inter.beta == pytest.approx(gc.LINKS["1 GbE"].beta)
+    # one consumer GPU per machine: nothing crosses intra, and it is no NVLink (PCIe 4.0 at most)
+    assert e.devices_per_node == 1 and e.intra.bandwidth <= 32e9 and e.memory_bytes == 24 * 2**30
     with pytest.raises(TypeError, match="intra"):
         gc.ClusterSpec(1, 1, 1e9, 1e9, intra=5)
 
