@@ -221,5 +221,5 @@ return {a: rank // (nb * nc), b: (rank // nc) % nb, c: rank % nc}
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("10", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("10", VISIBLE, HIDDEN)

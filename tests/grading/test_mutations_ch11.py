@@ -270,8 +270,8 @@ return {"forward": one_way, "backward": one_way, "total": 2 * one_way}
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("11", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("11", VISIBLE, HIDDEN)
 
 
 def test_solutions_agree_with_the_package():

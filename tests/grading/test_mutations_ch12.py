@@ -154,8 +154,8 @@ HIDDEN = {
     },
 }
 
-test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept = \
-    chapter_tests("12", VISIBLE, HIDDEN)
+(test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
+ test_trivial_answers_fail) = chapter_tests("12", VISIBLE, HIDDEN)
 
 
 def test_solutions_agree_with_the_package():
