@@ -11,8 +11,13 @@ Needs the `dev` extra (jupytext).
 
 import sys
 
-import jupytext
 import nbformat
+
+try:
+    import jupytext
+except ImportError:                     # the "dev" extra; `make env` installs only "test"
+    sys.exit("scripts/nbtext.py needs jupytext (the course's dev extra): "
+             ".venv/bin/pip install -c constraints.txt jupytext")
 
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 

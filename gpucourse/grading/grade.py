@@ -180,8 +180,8 @@ class Judges:
     with one seed runs each reference once.
     """
 
-    def __init__(self, solutions: str | os.PathLike | None, seed: int):
-        self.solutions, self.seed = solutions, seed
+    def __init__(self, solutions: str | os.PathLike | None, seed: int, *, private_network: bool = False):
+        self.solutions, self.seed, self.private_network = solutions, seed, private_network
         self._judges: dict[str, object] = {}
         self._cases: dict[str, dict] = {}
         self._lock = threading.Lock()
@@ -200,7 +200,7 @@ class Judges:
                     raise FileNotFoundError(
                         f"the course's solutions for chapter {chapter} were not found: the grader "
                         "needs them to compute the expected values (pass --solutions solutions/)")
-                judge = JudgeProcess(chapter, folder, local=False)
+                judge = JudgeProcess(chapter, folder, local=False, private_network=self.private_network)
                 for error in judge.hello.get("errors", []):
                     print(f"warning: the course's solutions did not load cleanly: {error}", file=sys.stderr)
                 self._judges[chapter] = judge
@@ -452,7 +452,7 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     seed = random.SystemRandom().randrange(1 << 62) if seed is None else int(seed)
     print(f"grading {len(subs)} notebook(s) with {workers} worker(s); {line}", flush=True)
     print(f"check inputs drawn from seed {seed} (the same grades again: --seed {seed})", flush=True)
-    judges = Judges(solutions, seed)
+    judges = Judges(solutions, seed, private_network=mode == "bwrap")     # nothing listens on the host
     options.hide = [*options.hide, *(Path(p).resolve() for p in paths), *_answer_folders(solutions)]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpucourse-grade-") as root:

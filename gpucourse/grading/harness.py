@@ -670,7 +670,10 @@ def _cap_output(ip, limit: int) -> None:
 class JudgeProcess:
     """A judge in a child process, spoken to in JSON lines over its stdin/stdout."""
 
-    def __init__(self, chapter: str, solutions: str | os.PathLike, *, local: bool):
+    def __init__(self, chapter: str, solutions: str | os.PathLike, *, local: bool, private_network: bool = False):
+        """``private_network``: run it in a network namespace of its own (``bwrap --unshare-net``), so
+        the ranks its reference runs start listen on a loopback nobody else shares."""
+        import shutil
         import tempfile
 
         self.chapter = chapter
@@ -682,8 +685,12 @@ class JudgeProcess:
         env["PYTHONPATH"] = os.pathsep.join([str(Path(_PACKAGE_DIR).parent),
                                              *filter(None, [os.environ.get("PYTHONPATH")])])
         env.pop("GPUCOURSE_RESULT_FD", None)
-        self.proc = subprocess.Popen(argv + (["--die-with-parent"] if local else []), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, env=env, close_fds=True)
+        argv += ["--die-with-parent"] if local else []
+        if private_network and shutil.which("bwrap"):
+            argv = [shutil.which("bwrap"), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent",
+                    "--", *argv]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     env=env, close_fds=True)
         self.lock = threading.Lock()
         self.hello = self.request({"op": "hello"}, timeout=600)
 

@@ -109,7 +109,8 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
     options = Options(cell_timeout=cell_timeout, notebook_timeout=notebook_timeout)
     mode = isolation(True)
     options.hide = _answer_folders(solutions)
-    judges = Judges(solutions, random.SystemRandom().randrange(1 << 62) if seed is None else seed)
+    judges = Judges(solutions, random.SystemRandom().randrange(1 << 62) if seed is None else seed,
+                    private_network=mode == "bwrap")
     try:
         with tempfile.TemporaryDirectory(prefix="gpucourse-check-") as root:
             g = grade_notebook(sub, releases, judges=judges, hidden=False, options=options, mode=mode,
@@ -172,6 +173,9 @@ def main(paths: list[str], *, cell_timeout: float = 300, notebook_timeout: float
     if not files:
         print("no notebooks to check", file=sys.stderr)
         return 2
+    if isolation(True) != "bwrap":
+        print("(no bwrap here: this self-check runs your notebook unsandboxed — the instructor's grader "
+              "does not; the verdicts are the same)", flush=True)
     all_ok = True
     summary = []
     for f in files:

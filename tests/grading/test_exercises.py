@@ -188,3 +188,20 @@ def test_exercise_numbers_in_the_text_are_right():
             if cell.cell_type == "markdown":
                 wrong += [f"{path.name} cell {index}: {m}" for m in pattern.findall(cell.source) if m not in ids]
     assert wrong == []
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=[p.name for p in SOLUTIONS])
+def test_stub_names_never_shadow_the_package(path):
+    """A learner who runs a lesson cell after an exercise must get the course's ``gc.x``, not their
+    own: no function or class a learner writes is named like a public name of the package (issue 30)."""
+    import ast
+
+    import gpucourse
+
+    nb = nbformat.read(path, as_version=4)
+    public = set(gpucourse.__all__)
+    for ex in exercise_index(nb, name=path.name).values():
+        for i in ex.solution_cells:
+            source = "\n".join(l for l in nb.cells[i].source.splitlines() if not l.startswith("%%"))
+            defined = {n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            assert not defined & public, f"{path.name}, {ex.id}: {sorted(defined & public)} shadow gc names"
