@@ -65,6 +65,19 @@ class _Judge:
         return self.process.request({"op": "compare", "slot": slot, "seed": seed, "values": values})
 
 
+def solutions_namespace(chapter: str) -> dict:
+    """The course's answers of a chapter as functions of this process (for tests that compare them
+    with the package): the judge's own loading, in-process; IPython's shell is let go afterwards."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpucourse.grading.judge import Judge
+
+    try:
+        return Judge(chapter, SOLUTIONS).namespace
+    finally:
+        InteractiveShell.clear_instance()
+
+
 def judge_of(chapter: str) -> _Judge:
     if chapter not in _judges:
         _judges[chapter] = _Judge(chapter)
@@ -181,6 +194,11 @@ def verdicts(chapter: str, exercise: str, answer, *, seed: int, hidden: bool = F
         ranks = getattr(__import__("gpucourse").runtime, "ranks", None)
         if ranks is not None and ranks.running:             # live ranks the notebook started
             ranks.stop()
+        # no IPython shell is left behind: other tests in this process would think they run in a
+        # notebook (figures and widgets display themselves there)
+        from IPython.core.interactiveshell import InteractiveShell
+
+        InteractiveShell.clear_instance()
     return out
 
 
@@ -226,4 +244,5 @@ def chapter_tests(chapter: str, visible: dict, hidden: dict):
             test_trivial_answers_fail)
 
 
-__all__ = ["MIN_VISIBLE", "SEEDS", "EXERCISE_HEADING", "Every", "chapter_tests", "judge_of", "plant", "verdicts"]
+__all__ = ["MIN_VISIBLE", "SEEDS", "EXERCISE_HEADING", "Every", "chapter_tests", "judge_of", "plant",
+           "solutions_namespace", "verdicts"]

@@ -124,9 +124,9 @@ def corpus() -> dict[str, tuple[str, object]]:
     return c
 
 
-#: student → (points of 3, status, flags that must appear in "restored" or "error")
+#: student → (points of 4, status, flags that must appear in "restored" or "error")
 EXPECTED = {
-    "honest": (3, "graded", []),
+    "honest": (4, "graded", []),
     "fake_checks": (0, "graded", ["edited"]),
     "deleted_check": (1, "graded", ["deleted"]),
     "custom_exc": (0, "graded", []),
@@ -134,8 +134,8 @@ EXPECTED = {
     "rebind_gc": (1, "graded", []),                  # 00.1 solved: rebinding a gc helper costs nothing else
     "input_transformer": (0, "graded", ["sent no values"]),
     "excepthook": (0, "graded", []),
-    "moved_answers": (3, "graded", []),
-    "reordered": (3, "graded", []),
+    "moved_answers": (4, "graded", []),
+    "reordered": (4, "graded", []),
     "other_chapter": (0, "wrong chapter", ["wrong chapter"]),
     "truncated": (0, "unreadable", ["not valid JSON"]),
     "not_a_notebook": (0, "unreadable", ["not a Jupyter notebook"]),

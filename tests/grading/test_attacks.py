@@ -11,8 +11,8 @@ The classes of attack, each applied to an *unsolved* (or wrongly solved) exercis
   executed in place of the stubs;
 - **calling what the exercise forbids** — through an alias bound before the check.
 
-Modes: ``grade --hidden`` over a class of every attack × six chapters, and ``grade`` and ``check``
-(the learner's self-check, same judge) over one chapter each. The verdicts come from the judge,
+Modes: ``grade --hidden`` over a class of every attack × six chapters; ``grade`` and ``check`` (the
+learner's self-check, same judge) with every attack, each on one of the six chapters in turn. The verdicts come from the judge,
 outside the kernel, so none of these changes a grade; every honest exercise next to an attacked
 one is unaffected (see ``test_trust.py`` for honest notebooks in every chapter).
 """
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(isolation() != "bwrap", reason="the answer-key a
                                 "(Debian package bubblewrap): without it grade refuses to run")
 
 #: six chapters with cheap unsolved runs
-CHAPTERS = ["00"]
+CHAPTERS = ["00", "01", "03", "06", "08", "12"]
 
 PATCH_HARNESS = """\
 import gpucourse as gc, gpucourse.grading as grading, gpucourse.grading.harness as h
@@ -204,10 +204,17 @@ def test_every_attack_scores_zero_in_six_chapters_with_hidden_checks(tmp_path):
     _assert_all_zero(json.loads(out.read_text())["rows"], students, hidden=True)
 
 
+def _in_turn():
+    """(chapter, attack): every attack, on the six chapters in turn."""
+    return [(CHAPTERS[i % len(CHAPTERS)], attack) for i, attack in enumerate(ALL)]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_every_attack_scores_zero_without_hidden_checks(tmp_path):
-    students = _class(tmp_path / "subs", CHAPTERS[:1], ALL)
+    students = {}
+    for chapter, attack in _in_turn():
+        students.update(_class(tmp_path / "subs", [chapter], [attack]))
     out = tmp_path / "g.json"
     grade([str(tmp_path / "subs")], release=str(ROOT / "exercises"), workers=2, json_path=str(out),
           options=Options(cell_timeout=120, notebook_timeout=300))
@@ -215,9 +222,8 @@ def test_every_attack_scores_zero_without_hidden_checks(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", ALL)
-def test_every_attack_fails_the_learners_self_check(attack, tmp_path):
-    chapter = CHAPTERS[-1]
+@pytest.mark.parametrize("chapter, attack", _in_turn())
+def test_every_attack_fails_the_learners_self_check(chapter, attack, tmp_path):
     nb, name = _attacked(chapter, attack)
     path = tmp_path / name
     nbformat.write(nb, path)

@@ -12,7 +12,7 @@ import dataclasses
 import random
 
 import gpucourse as gc
-from _mutations import chapter_tests, judge_of
+from _mutations import chapter_tests, solutions_namespace
 
 _LAYER = """\
 rep = tp if sequence_parallel else 1
@@ -159,7 +159,7 @@ HIDDEN = {
 
 
 def test_solutions_agree_with_the_package():
-    ns = judge_of("12").namespace
+    ns = solutions_namespace("12")
     rng = random.Random(0)
     # 12.1: PyTorch's FLOP counter on real TinyGPTs, any MLP width
     for layers, hidden, ffn, vocab, seq in ((1, 8, 32, 11, 5), (2, 12, 7, 40, 9), (3, 4, 50, 5, 1)):
