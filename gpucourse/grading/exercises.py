@@ -41,7 +41,7 @@ import nbformat
 
 __all__ = ["BEGIN", "END", "strip_solutions", "make_exercise_notebook", "exercise_index",
            "generate_exercises", "CHECK_HEADER", "EXERCISE_HEADING", "HIDDEN_HEADER", "HIDDEN_TAG",
-           "CHECK_TAG", "CHECK_CALL", "HIDDEN_CALL", "check_hash"]
+           "CHECK_TAG", "CHECK_CALL", "HIDDEN_CALL", "check_hash", "definition_cells"]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -117,6 +117,7 @@ class Exercise:
     solution_cells: list[int]
     check_cells: list[int]
     hidden_cells: list[int] = field(default_factory=list)
+    heading: int = -1                  # the markdown cell that opens the exercise
 
 
 def exercise_index(nb, *, name: str = "notebook") -> dict[str, Exercise]:
@@ -136,7 +137,7 @@ def exercise_index(nb, *, name: str = "notebook") -> dict[str, Exercise]:
             if m:
                 if m["id"] in exercises:
                     raise ExerciseFormatError(f"{where}: exercise {m['id']} appears twice")
-                current = Exercise(m["id"], m["title"].strip(), [], [])
+                current = Exercise(m["id"], m["title"].strip(), [], [], heading=index)
                 exercises[current.id] = current
             continue
         if cell.cell_type != "code":
@@ -174,6 +175,35 @@ def exercise_index(nb, *, name: str = "notebook") -> dict[str, Exercise]:
             raise ExerciseFormatError(f"{name}: exercise {ex.id} needs exactly one check cell, "
                                       f"found {len(ex.check_cells)}")
     return exercises
+
+
+def definition_cells(nb, *, name: str = "notebook", upto: str | None = None) -> list[int]:
+    r"""The code cells that define what a chapter's checks need — what the judge runs of a solutions
+    notebook: the set-up before the first exercise, and each exercise's cells from its heading up to
+    its check (``upto``: stop before that exercise's check) — and, for the judge, the check and the
+    hidden check. The cells an exercise keeps *after* its checks (a measurement to look at, a demo)
+    are not needed to decide anything and are left out.
+
+    Example::
+
+        >>> from nbformat.v4 import new_code_cell as code, new_markdown_cell as md, new_notebook
+        >>> nb = new_notebook(cells=[code("import gpucourse as gc"), md("## Exercise 99.1 — f"),
+        ...     code("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION"),
+        ...     code("# Check 99.1 — f\ngc.check_exercise('99.1', f, c)", metadata={"tags": ["check"]}),
+        ...     code("print(f())  # a demo after the check")])
+        >>> definition_cells(nb), definition_cells(nb, upto="99.1")
+        ([0, 2, 3], [0, 2])
+    """
+    index = exercise_index(nb, name=name)
+    first = min((ex.heading for ex in index.values()), default=len(nb.cells))
+    keep = [i for i in range(first) if nb.cells[i].cell_type == "code"]
+    for ex in index.values():
+        last = max(ex.check_cells + ex.hidden_cells)
+        stop = ex.check_cells[0] if ex.id == upto else last + 1
+        keep += [i for i in range(ex.heading, stop) if nb.cells[i].cell_type == "code"]
+        if ex.id == upto:
+            break
+    return keep
 
 
 def _check_hidden_cell(cell, where, is_check, header, current) -> None:

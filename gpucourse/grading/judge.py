@@ -1,8 +1,9 @@
 """The judge: the one process that decides a check — it runs the course's answers, never yours.
 
 ``python -m gpucourse.grading.judge --chapter 08 --solutions solutions/`` executes
-``solutions/08_*.ipynb`` (its answers, and its check cells, which only *register* each check: see
-:mod:`.harness`), then answers requests, one JSON object per line on stdin → stdout:
+``solutions/08_*.ipynb`` (its set-up, its answers, and its check cells, which only *register* each
+check: see :mod:`.harness`; not the measurements an exercise shows after its checks), then answers
+requests, one JSON object per line on stdin → stdout:
 
 =============================================  ==================================================
 ``{"op": "hello"}``                            the chapter's slots (``08.1``, ``08.1/hidden``, …)
@@ -30,7 +31,7 @@ import traceback
 from pathlib import Path
 
 from . import harness, wire
-from .exercises import CHECK_HEADER, CHECK_TAG, HIDDEN_HEADER, HIDDEN_TAG
+from .exercises import CHECK_HEADER, CHECK_TAG, HIDDEN_HEADER, HIDDEN_TAG, definition_cells
 
 __all__ = ["Judge", "main"]
 
@@ -54,7 +55,9 @@ class Judge:
 
         from IPython.core.interactiveshell import InteractiveShell
 
-        nb = json.loads(self.path.read_text(encoding="utf-8"))
+        import nbformat
+
+        nb = nbformat.read(self.path, as_version=4)
         shell = InteractiveShell.instance()
         module = types.ModuleType("__main__")          # this chapter's own globals
         shell.user_module, shell.user_ns = module, module.__dict__
@@ -75,10 +78,11 @@ class Judge:
             harness.SPECS.clear()
 
     def _run_cells(self, shell, nb) -> None:
-        for index, cell in enumerate(nb["cells"]):
-            if cell.get("cell_type") != "code":
+        needed = set(definition_cells(nb, name=self.path.name))
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code" or index not in needed:
                 continue
-            source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            source = cell.source
             tags = cell.get("metadata", {}).get("tags", [])
             first = source.lstrip().splitlines()[0] if source.strip() else ""
             header = CHECK_HEADER.match(first) or HIDDEN_HEADER.match(first)

@@ -39,7 +39,7 @@ import nbformat
 import pytest
 
 from gpucourse.grading import harness
-from gpucourse.grading.exercises import BEGIN, END, EXERCISE_HEADING, exercise_index
+from gpucourse.grading.exercises import BEGIN, END, EXERCISE_HEADING, definition_cells, exercise_index
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "solutions"
@@ -129,6 +129,7 @@ def _student_namespace(chapter: str, exercise: str, answers) -> tuple[dict, str]
     index = exercise_index(nb, name=name)
     ex = index[exercise]
     skip = {i for e in index.values() for i in (*e.check_cells, *e.hidden_cells)}
+    needed = set(definition_cells(nb, name=name, upto=exercise))   # no earlier exercise's measurements
     shell = _shell()
     module = types.ModuleType("__main__")
     shell.user_module, shell.user_ns = module, module.__dict__
@@ -136,7 +137,8 @@ def _student_namespace(chapter: str, exercise: str, answers) -> tuple[dict, str]
     with contextlib.redirect_stdout(io.StringIO()):
         for i in range(ex.check_cells[0]):
             cell = nb.cells[i]
-            if cell.cell_type != "code" or i in skip or "solution-only" in cell.metadata.get("tags", []):
+            if (cell.cell_type != "code" or i in skip or i not in needed
+                    or "solution-only" in cell.metadata.get("tags", [])):
                 continue
             source = cell.source
             if i in ex.solution_cells and answers is not None:
