@@ -246,7 +246,9 @@ def _leave_the_notebook() -> None:
                 cls._instance = None
     if "matplotlib.pyplot" in sys.modules:
         with contextlib.suppress(Exception):
-            sys.modules["matplotlib.pyplot"].switch_backend("agg")
+            plt = sys.modules["matplotlib.pyplot"]
+            plt.close("all")                    # the kernel's open figures are not this rank's to show
+            plt.switch_backend("agg")
     elif "matplotlib" in sys.modules:
         with contextlib.suppress(Exception):
             sys.modules["matplotlib"].use("agg", force=True)

@@ -113,6 +113,21 @@ def test_figures_come_back_as_png(group, capsys):
     assert [line.split(" <")[0] for line in capsys.readouterr().out.splitlines()] == ["[rank 0]", "[rank 1]"]
 
 
+def test_figures_the_kernel_left_open_are_not_the_ranks_to_show(capsys):
+    """The ranks are forked from the kernel: a figure open there must not come back from every rank."""
+    import matplotlib
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+    plt.figure(figsize=(3, 3))
+    plt.plot([1, 2])
+    try:
+        with gc.LiveRanks().start(2, timeout=60) as g:
+            g.run("print('x', rank)")
+        assert capsys.readouterr().out.splitlines() == ["[rank 0] x 0", "[rank 1] x 1"]
+    finally:
+        plt.close("all")
+
+
 # --- errors fail the cell ----------------------------------------------------------------------------
 
 def test_an_exception_on_one_rank_raises_rank_error_with_its_traceback(group, capsys):
