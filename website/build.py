@@ -178,11 +178,14 @@ def has_outputs(nb: dict) -> bool:
 # -- the book's order ---------------------------------------------------------------------------------
 
 def chapters_from_readme(root: Path) -> list[Chapter]:
-    """The README's chapter table, row by row: lesson, exercises and the package folders it links."""
+    """The README's chapter table (its first table with a row per chapter), row by row: lesson,
+    exercises and the package folders it links."""
     chapters = []
     for line in (root / "README.md").read_text(encoding="utf-8").splitlines():
         m = CHAPTER_ROW.match(line)
         if not m:
+            if chapters and not line.startswith("|"):
+                break                               # the first such table only: later ones have rows per chapter too
             continue
         lesson = re.search(r"\]\((notebooks/[^)]+\.ipynb)\)", line)
         exercises = re.search(r"\]\((exercises/[^)]+\.ipynb)\)", line)

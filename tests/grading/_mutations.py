@@ -19,7 +19,7 @@ How one answer is run (what ``grade`` does, minus the kernel and the sandbox)::
     student: this process's IPython shell runs the solutions notebook's code cells up to the
              exercise's check, with the exercise's solution regions replaced by the wrong answer
              (``%%ranks`` cells included: they run on this process's live ranks)
-    harness.prime(slot, judge cases(slot, seed)); the check cell → values (wire text)
+    for each seed: harness.prime(slot, judge cases(slot, seed)); the check cell → values (wire text);
     judge compare(slot, seed, values)            # passed / message
 
 Each answer is judged on :data:`SEEDS` (fixed, so a failure reproduces): a visible check that
@@ -161,35 +161,51 @@ class Every:
         self.body = body
 
 
-def verdicts(chapter: str, exercise: str, answer, *, seed: int, hidden: bool = False) -> dict:
-    """``{"visible": verdict, "hidden": verdict}`` (hidden only when asked) for one planted answer."""
+def _live_ranks_running() -> bool:
+    ranks = getattr(__import__("gpucourse").runtime, "ranks", None)
+    return ranks is not None and ranks.running
+
+
+def verdicts(chapter: str, exercise: str, answer, *, seeds: list[int], hidden: bool = False) -> list[dict]:
+    """Per seed, ``{"visible": verdict, "hidden": verdict}`` (hidden only when asked) for one planted
+    answer. The notebook's cells run once; the check cell runs once per seed on that seed's cases
+    (as a learner re-running a check cell does)."""
     judge = judge_of(chapter)
     answers = None if answer is None else answer if isinstance(answer, (list, Every)) else [answer]
-    namespace, check_source = _student_namespace(chapter, exercise, answers)
-    out = {}
     mode = harness._state["mode"]
-    harness._state["mode"] = "graded"
+    results = []
     try:
-        slots = [exercise] + ([f"{exercise}/hidden"] if hidden else [])
-        for slot in slots:
-            payload = judge.cases(slot, seed)
-            harness.prime(slot, json.dumps(payload))
-            with contextlib.redirect_stdout(io.StringIO()):
-                try:
-                    if slot == exercise:
-                        _run(_shell(), check_source, f"check {exercise}")
-                    else:
-                        harness.run_hidden(exercise)
-                except Exception as e:  # noqa: BLE001 - a check cell that cannot run sends nothing
-                    out["hidden" if "/" in slot else "visible"] = {
-                        "passed": False, "message": f"the check cell raised {type(e).__name__}: {e}"}
-                    harness.collect()
+        _, check_source = _student_namespace(chapter, exercise, answers)
+        live = _live_ranks_running()
+        harness._state["mode"] = "graded"
+        for i, seed in enumerate(seeds):
+            if i and live and not _live_ranks_running():    # an answer blocked them: a fresh run, as grade's
+                harness._state["mode"] = mode
+                _, check_source = _student_namespace(chapter, exercise, answers)
+                harness._state["mode"] = "graded"
+            out = {}
+            slots = [exercise] + ([f"{exercise}/hidden"] if hidden else [])
+            for slot in slots:
+                key = "hidden" if "/" in slot else "visible"
+                payload = judge.cases(slot, seed)
+                harness.prime(slot, json.dumps(payload))
+                with contextlib.redirect_stdout(io.StringIO()):
+                    try:
+                        if slot == exercise:
+                            _run(_shell(), check_source, f"check {exercise}")
+                        else:
+                            harness.run_hidden(exercise)
+                    except Exception as e:  # noqa: BLE001 - a check cell that cannot run sends nothing
+                        out[key] = {"passed": False, "message": f"the check cell raised {type(e).__name__}: {e}"}
+                        harness.collect()
+                        continue
+                values = harness.collect()
+                if values is None:
+                    out[key] = {"passed": False, "message": "no values"}
                     continue
-            values = harness.collect()
-            if values is None:
-                out["hidden" if "/" in slot else "visible"] = {"passed": False, "message": "no values"}
-                continue
-            out["hidden" if "/" in slot else "visible"] = judge.compare(slot, seed, values)
+                out[key] = judge.compare(slot, seed, values)
+            results.append(out)
+            harness._state["runs"].pop(exercise, None)
     finally:
         harness._state["mode"] = mode
         harness._state["runs"].pop(exercise, None)
@@ -201,7 +217,7 @@ def verdicts(chapter: str, exercise: str, answer, *, seed: int, hidden: bool = F
         from IPython.core.interactiveshell import InteractiveShell
 
         InteractiveShell.clear_instance()
-    return out
+    return results
 
 
 def _cases(table: dict) -> list:
@@ -215,21 +231,20 @@ def chapter_tests(chapter: str, visible: dict, hidden: dict):
 
     @pytest.mark.parametrize("exercise, kind", _cases(visible), ids=[f"{e}-{k}" for e, k in _cases(visible)])
     def test_visible_check_rejects(exercise, kind):
-        for seed in SEEDS:
-            v = verdicts(chapter, exercise, visible[exercise][kind], seed=seed)["visible"]
-            assert not v["passed"], f"{exercise}: the visible check passed the wrong answer '{kind}' (seed {seed})"
+        for seed, v in zip(SEEDS, verdicts(chapter, exercise, visible[exercise][kind], seeds=SEEDS)):
+            assert not v["visible"]["passed"], (
+                f"{exercise}: the visible check passed the wrong answer '{kind}' (seed {seed})")
 
     @pytest.mark.parametrize("exercise, kind", _cases(hidden), ids=[f"{e}-{k}" for e, k in _cases(hidden)])
     def test_hidden_check_rejects(exercise, kind):
-        for seed in SEEDS:
-            v = verdicts(chapter, exercise, hidden[exercise][kind], seed=seed, hidden=True)
+        for seed, v in zip(SEEDS, verdicts(chapter, exercise, hidden[exercise][kind], seeds=SEEDS, hidden=True)):
             assert v["visible"]["passed"], (f"{exercise}: '{kind}' should pass the visible check (else it "
                                             f"belongs in VISIBLE), seed {seed}: {v['visible']['message']}")
             assert not v["hidden"]["passed"], f"{exercise}: the hidden check passed '{kind}' (seed {seed})"
 
     @pytest.mark.parametrize("exercise", exercises)
     def test_solution_passes_and_mutations_are_kept(exercise):
-        v = verdicts(chapter, exercise, None, seed=SEEDS[0], hidden=True)
+        (v,) = verdicts(chapter, exercise, None, seeds=SEEDS[:1], hidden=True)
         assert v["visible"]["passed"], v["visible"]["message"]
         assert v["hidden"]["passed"], v["hidden"]["message"]
         assert len(visible.get(exercise, {})) >= MIN_VISIBLE, (
@@ -239,8 +254,8 @@ def chapter_tests(chapter: str, visible: dict, hidden: dict):
     @pytest.mark.parametrize("exercise", exercises)
     @pytest.mark.parametrize("body", ["return None", "return 0"])
     def test_trivial_answers_fail(exercise, body):
-        v = verdicts(chapter, exercise, Every(body), seed=SEEDS[0])["visible"]
-        assert not v["passed"], f"{exercise}: the visible check passed `{body}` as the answer"
+        (v,) = verdicts(chapter, exercise, Every(body), seeds=SEEDS[:1])
+        assert not v["visible"]["passed"], f"{exercise}: the visible check passed `{body}` as the answer"
 
     return (test_visible_check_rejects, test_hidden_check_rejects, test_solution_passes_and_mutations_are_kept,
             test_trivial_answers_fail)

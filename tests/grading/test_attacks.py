@@ -11,10 +11,10 @@ The classes of attack, each applied to an *unsolved* (or wrongly solved) exercis
   executed in place of the stubs;
 - **calling what the exercise forbids** — through an alias bound before the check.
 
-Modes: ``grade --hidden`` over a class of every attack × six chapters; ``grade`` and ``check`` (the
-learner's self-check, same judge) with every attack, each on one of the six chapters in turn. The verdicts come from the judge,
-outside the kernel, so none of these changes a grade; every honest exercise next to an attacked
-one is unaffected (see ``test_trust.py`` for honest notebooks in every chapter).
+Modes: ``grade --hidden``, ``grade`` and ``check`` (the learner's self-check, same judge), with every
+attack on six chapters in turn — with ``--hidden`` on two of them, so each attack meets three. The
+verdicts come from the judge, outside the kernel, so none of these changes a grade; every honest
+exercise next to an attacked one is unaffected (see ``test_trust.py`` for honest notebooks in every chapter).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ import gpucourse
 roots = [Path(gpucourse.__file__).resolve().parents[1], Path.cwd(), Path.home(), Path("/tmp"), Path("/work")]
 if os.environ.get("GPUCOURSE_SOLUTIONS"):
     roots.append(Path(os.environ["GPUCOURSE_SOLUTIONS"]))
+MARK = "BEGIN " + "SOLUTION"                     # spelled so that this cell is not an answer itself
 answers = []
 for root in roots:
     for folder, dirs, files in os.walk(root):
@@ -76,7 +77,7 @@ for root in roots:
             except Exception:
                 continue
             answers += ["".join(c["source"]) for c in cells if c["cell_type"] == "code"
-                        and "BEGIN SOLUTION" in "".join(c["source"])]
+                        and MARK in "".join(c["source"])]
 course = Path(gpucourse.__file__).resolve().parents[1]
 try:                                             # the answers as committed, from git's objects
     names = subprocess.run(["git", "-C", str(course), "ls-files", "solutions"], capture_output=True,
@@ -85,7 +86,7 @@ try:                                             # the answers as committed, fro
         text = subprocess.run(["git", "-C", str(course), "show", f"HEAD:{name}"], capture_output=True,
                               text=True, timeout=20).stdout
         answers += ["".join(c["source"]) for c in json.loads(text)["cells"] if c["cell_type"] == "code"
-                    and "BEGIN SOLUTION" in "".join(c["source"])]
+                    and MARK in "".join(c["source"])]
 except Exception:
     pass
 print(f"found {len(answers)} answer cells")
@@ -194,19 +195,36 @@ def _assert_all_zero(rows: list[dict], students: dict[str, str], hidden: bool) -
                 assert r["hidden"] == "✗", (student, r)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_every_attack_scores_zero_in_six_chapters_with_hidden_checks(tmp_path):
-    students = _class(tmp_path / "subs", CHAPTERS, ALL)
+def _grade_hidden(tmp_path, pairs):
+    students = {}
+    for chapter, attack in pairs:
+        students.update(_class(tmp_path / "subs", [chapter], [attack]))
     out = tmp_path / "g.json"
     grade([str(tmp_path / "subs")], hidden_from=str(ROOT / "solutions"), release=str(ROOT / "exercises"),
           workers=2, json_path=str(out), options=Options(cell_timeout=120, notebook_timeout=300))
     _assert_all_zero(json.loads(out.read_text())["rows"], students, hidden=True)
 
 
-def _in_turn():
-    """(chapter, attack): every attack, on the six chapters in turn."""
-    return [(CHAPTERS[i % len(CHAPTERS)], attack) for i, attack in enumerate(ALL)]
+def _in_turn(shift: int = 0):
+    """(chapter, attack): every attack, on the six chapters in turn (``shift`` moves each attack on)."""
+    return [(CHAPTERS[(i + shift) % len(CHAPTERS)], attack) for i, attack in enumerate(ALL)]
+
+
+# With --hidden every attack meets two chapters (shifts 2 and 4 — grade and check take shift 0),
+# so over the modes each attack meets three of the six chapters and each chapter several attacks.
+# Two classes: pytest-xdist's --dist loadscope hands each to a worker of its own.
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+class TestEveryAttackWithHiddenChecks:
+    def test_every_attack_scores_zero(self, tmp_path):
+        _grade_hidden(tmp_path, _in_turn(2))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+class TestEveryAttackWithHiddenChecksMore:
+    def test_every_attack_scores_zero_in_other_chapters(self, tmp_path):
+        _grade_hidden(tmp_path, _in_turn(4))
 
 
 @pytest.mark.slow

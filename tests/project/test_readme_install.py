@@ -36,3 +36,14 @@ def test_install_size_time_and_cpu_only_path_are_stated():
 
 def test_lab_settings_are_mentioned():
     assert "lab/settings/overrides.json" in README
+
+
+def test_the_readme_states_each_chapters_exercises_and_mutations_as_measured():
+    """The README's table of check strength is what scripts/exercise_stats.py reads today."""
+    import subprocess
+    import sys
+
+    table = subprocess.run([sys.executable, str(ROOT / "scripts" / "exercise_stats.py")], capture_output=True,
+                           text=True, check=True, timeout=120).stdout.strip()
+    assert table.count("\n") >= 14, table
+    assert table in (ROOT / "README.md").read_text(), "README's table is stale: python scripts/exercise_stats.py"
