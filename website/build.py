@@ -55,6 +55,8 @@ IMAGE_MIMES = {"image/png": ("PNG",), "image/jpeg": ("JPEG", "MPO"), "image/gif"
 MATHJAX_PARTS = ("tex-chtml.js", "output/chtml/fonts/woff-v2", "input/tex/extensions", "ui", "a11y")
 CHAPTER_ROW = re.compile(r"^\|\s*(\d\d)\s*\|(.*)$")
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
+#: fenced code blocks and inline code spans (a run of backticks up to the same run), kept as they are
+CODE = re.compile(r"(^[ \t]*(?:```|~~~)[^\n]*\n.*?^[ \t]*(?:```|~~~)[ \t]*$|(`+)(?:(?!\2).)+?\2)", re.M | re.S)
 
 
 class SiteError(Exception):
@@ -273,7 +275,13 @@ class Links:
                 raise SiteError(f"{where}: the link {target!r} is a folder the website has no page for")
             raise SiteError(f"{where}: the link {target!r} points at nothing ({rel} does not exist)")
 
-        return LINK.sub(fix, text)
+        # code is not markdown: `modules[k](inputs[k])` in backticks, or a fenced block, is no link
+        code = [c.span() for c in CODE.finditer(text)]
+
+        def fix_outside_code(m: re.Match) -> str:
+            return m[0] if any(a <= m.start() < b for a, b in code) else fix(m)
+
+        return LINK.sub(fix_outside_code, text)
 
 
 def _normalise(path: Path) -> str | None:

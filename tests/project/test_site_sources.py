@@ -149,6 +149,19 @@ def test_a_link_the_site_cannot_resolve_names_path_and_cell(tmp_path, link, why)
     assert why in message
 
 
+def test_code_that_looks_like_a_link_is_left_alone(tmp_path):
+    """`modules[k](inputs[k])` in backticks or in a fenced block is code, not a link to check."""
+    lesson = _lesson()
+    lesson.cells[2].source = ("It computes `modules[k](inputs[k])` and ``f[`a`](b)``.\n\n"
+                              "```python\nout = [fn](xs)\n```\n")
+    _course(tmp_path, lesson=lesson)
+    links = SITE.Links(tmp_path, set(), None, set())
+    text = lesson.cells[2].source
+    assert links.rewrite(text, "notebooks/00_demo.ipynb", "here") == text
+    with pytest.raises(SITE.SiteError, match="the link 'missing.md' points at nothing"):
+        links.rewrite(text + "\nSee [this](missing.md).", "notebooks/00_demo.ipynb", "here")
+
+
 def test_a_notebook_missing_from_the_readme_table_is_reported(tmp_path):
     paths = _course(tmp_path)
     nbformat.write(_lesson(), paths.root / "notebooks" / "01_extra.ipynb")
