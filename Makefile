@@ -33,8 +33,8 @@ LAB_SETTINGS := $(CURDIR)/lab/settings
 LAB_ROOT  := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 # xdist workers for the test runs (each test/notebook starts its own processes, 2 suits 2 cores)
 WORKERS   ?= 2
-# the package's tests take one more: many of them wait on a timeout or a peer (a hung rank, a
-# killed kernel), and a third worker keeps both cores busy meanwhile (measured on 2 cores: 97% busy)
+# the test runs take one more: many tests (and lesson cells) wait on a timeout or a peer (a hung
+# rank, a killed kernel), and a third worker keeps both cores busy meanwhile (2 cores: 97% busy)
 TEST_WORKERS ?= $(shell expr $(WORKERS) + 1)
 NBVAL     := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitize.cfg
 # tests: one intra-op thread per process (the tests start their own processes and threads),
@@ -73,7 +73,7 @@ test-package: $(STAMP)
 
 # nbval over every lesson and every solutions notebook
 test-notebooks: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -p no:python -n $(WORKERS) --dist loadscope -q $(NBVAL) notebooks solutions
+	$(TEST_ENV) $(PY) -m pytest -p no:python -n $(TEST_WORKERS) --dist loadscope -q $(NBVAL) notebooks solutions
 
 # the course as a learner sees it: JupyterLab on a temporary copy of the course, driven in the
 # system's Chromium (apt-get install chromium) by playwright (the "ui" extra, installed here; no
