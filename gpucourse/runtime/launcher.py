@@ -213,6 +213,10 @@ def _wait_for_ranks(ranks: list[Rank], timeout: float):
                     continue
                 reported[i] = True
                 if msg[0] != "ok":
+                    peer_gone = any(w in (msg[2] or "") for w in _PEER_GONE)
+                    dead = _died_silently(ranks, reported, grace=0.5 if peer_gone else 0.0)
+                    if dead is not None:   # a peer's death is the cause, its "connection closed" the effect
+                        return results, ("error", dead, None, "", ranks[dead].process.exitcode)
                     return results, ("error", i, msg[1], msg[2], None)
                 results[i] = pickle.loads(msg[1])
             elif not reported[by_sentinel[obj]] and not ranks[by_sentinel[obj]].messages.poll(0):
@@ -220,6 +224,30 @@ def _wait_for_ranks(ranks: list[Rank], timeout: float):
                 ranks[i].process.join(1)
                 return results, ("error", i, None, "", ranks[i].process.exitcode)
     return results, None
+
+
+#: what a rank's collective raises when a peer's connection went away (gloo, NCCL's TCP store)
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Read error", "Broken pipe",
+              "Socket Timeout", "recvValue failed")
+
+
+def _died_silently(ranks: list[Rank], reported: list[bool], grace: float) -> int | None:
+    """The first rank (in rank order) that exited without a final message, waiting up to ``grace``
+    seconds for one: when a rank is killed, its peers' collectives fail at once, and their report
+    can arrive before its death is seen."""
+    deadline = time.monotonic() + grace
+    while True:
+        for i, r in enumerate(ranks):
+            if (not reported[i] and r.process.exitcode is not None and r.process.exitcode != 0
+                    and not r.messages.poll(0)):
+                return i
+        if time.monotonic() >= deadline:
+            return None
+        pending = [r.process.sentinel for i, r in enumerate(ranks) if not reported[i]]
+        if not pending:
+            return None
+        _wait_for(pending, timeout=max(0.0, deadline - time.monotonic()))
+        time.sleep(0.01)
 
 
 # --- checks and reports ----------------------------------------------------------------------------
