@@ -161,9 +161,10 @@ class Every:
         self.body = body
 
 
-def _live_ranks_running() -> bool:
+def _live_ranks():
+    """The live ranks the notebook started (``gc.start_ranks``), if they are running."""
     ranks = getattr(__import__("gpucourse").runtime, "ranks", None)
-    return ranks is not None and ranks.running
+    return ranks if ranks is not None and ranks.running else None
 
 
 def verdicts(chapter: str, exercise: str, answer, *, seeds: list[int], hidden: bool = False) -> list[dict]:
@@ -176,10 +177,10 @@ def verdicts(chapter: str, exercise: str, answer, *, seeds: list[int], hidden: b
     results = []
     try:
         _, check_source = _student_namespace(chapter, exercise, answers)
-        live = _live_ranks_running()
+        live = _live_ranks() is not None
         harness._state["mode"] = "graded"
         for i, seed in enumerate(seeds):
-            if i and live and not _live_ranks_running():    # an answer blocked them: a fresh run, as grade's
+            if i and live and _live_ranks() is None:    # an answer blocked them: a fresh run, as grade's
                 harness._state["mode"] = mode
                 _, check_source = _student_namespace(chapter, exercise, answers)
                 harness._state["mode"] = "graded"
@@ -209,8 +210,7 @@ def verdicts(chapter: str, exercise: str, answer, *, seeds: list[int], hidden: b
     finally:
         harness._state["mode"] = mode
         harness._state["runs"].pop(exercise, None)
-        ranks = getattr(__import__("gpucourse").runtime, "ranks", None)
-        if ranks is not None and ranks.running:             # live ranks the notebook started
+        if (ranks := _live_ranks()) is not None:          # live ranks the notebook started
             ranks.stop()
         # no IPython shell is left behind: other tests in this process would think they run in a
         # notebook (figures and widgets display themselves there)
