@@ -98,7 +98,7 @@ def freeze_widgets(nb) -> int:
     return replaced
 
 
-def main(paths: list[str]) -> int:
+def main(paths: list[str], cell_timeout: float = 900) -> int:
     if paths[:1] == ["--freeze-only"]:     # keep the stored outputs (measurements), freeze widget views
         for path in map(Path, paths[1:]):
             nb = nbformat.read(path, as_version=4)
@@ -112,7 +112,7 @@ def main(paths: list[str]) -> int:
     for path in map(Path, paths):
         start = time.perf_counter()
         try:
-            nb, fatal = run_notebook(path, cell_timeout=900, allow_errors=False)
+            nb, fatal = run_notebook(path, cell_timeout=cell_timeout, allow_errors=False)
         except CellExecutionError as e:
             print(f"FAILED {path}:\n{e}", file=sys.stderr)
             return 1

@@ -689,8 +689,14 @@ class JudgeProcess:
         if private_network and shutil.which("bwrap"):
             argv = [shutil.which("bwrap"), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent",
                     "--", *argv]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     env=env, close_fds=True)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                         env=env, close_fds=True)
+        finally:
+            # the judge writes to the open file, and its last line is read through self.log: the
+            # name is not needed, and a judge that ends with its kernel leaves no file behind
+            with contextlib.suppress(OSError):
+                os.unlink(self.log.name)
         self.lock = threading.Lock()
         self.hello = self.request({"op": "hello"}, timeout=600)
 
@@ -713,8 +719,9 @@ class JudgeProcess:
 
     def _tail(self) -> str:
         try:
-            text = Path(self.log.name).read_text(errors="replace").strip().splitlines()
-        except OSError:
+            text = os.pread(self.log.fileno(), 1 << 16, max(0, os.fstat(self.log.fileno()).st_size - (1 << 16)))
+            text = text.decode(errors="replace").strip().splitlines()
+        except (OSError, ValueError):
             text = []
         return text[-1] if text else f"exit status {self.proc.poll()}"
 
@@ -725,8 +732,8 @@ class JudgeProcess:
         for f in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(Exception):
                 f.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log.name)
+        with contextlib.suppress(Exception):
+            self.log.close()
 
 
 def _read_line(stream, timeout: float) -> bytes | None:

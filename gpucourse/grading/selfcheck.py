@@ -15,11 +15,13 @@ Exit status: 0 when everything passes, 1 otherwise, 2 when a file is missing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +58,8 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+    from ..runtime.process_tree import descendants, kill_new_descendants, launcher_subreaper
+
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     # Start from a blank slate: nbclient replaces only the cells it reaches, so after a timeout or
@@ -70,18 +74,71 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
     sockets = tempfile.mkdtemp(prefix="gpucourse-kernel-")
     km = _current_env_kernel_manager()
     km.transport, km.ip = "ipc", os.path.join(sockets, "kernel")
-    client = NotebookClient(nb, km=km, timeout=cell_timeout, allow_errors=allow_errors, record_timing=False,
-                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    stack_file = os.path.join(sockets, "stack")
+
+    class Client(NotebookClient):
+        async def _async_handle_timeout(self, timeout, cell=None):
+            # before the kernel goes: where is it stuck? (faulthandler, registered at its start)
+            self.stuck_at = _kernel_stack(getattr(self.km.provisioner, "pid", None), stack_file)
+            self.shutdown_kernel = "immediate"     # a busy kernel would not answer a shutdown request
+            return await super()._async_handle_timeout(timeout, cell)
+
+    client = Client(nb, km=km, timeout=cell_timeout, allow_errors=allow_errors, record_timing=False,
+                    resources={"metadata": {"path": str(path.parent.resolve())}},
+                    extra_arguments=[_DUMP_STACK_ON_SIGUSR1.format(path=stack_file)])
+    client.stuck_at = ""
     fatal = ""
-    try:
-        client.execute()
-    except CellTimeoutError as e:
-        fatal = f"a cell ran longer than {cell_timeout:g} s: {str(e).splitlines()[0]}"
-    except DeadKernelError as e:
-        fatal = f"the kernel died: {str(e).splitlines()[0]}"
-    finally:
-        shutil.rmtree(sockets, ignore_errors=True)
+    # Nothing the notebook started outlives it. nbclient shuts down only a kernel whose manager it
+    # made itself (cleanup_kc); and a process the kernel started is orphaned when the kernel exits:
+    # as a subreaper this process inherits it, and kills it.
+    with launcher_subreaper():
+        before = set(descendants([os.getpid()]))
+        try:
+            client.execute(cleanup_kc=True)
+        except CellTimeoutError as e:
+            fatal = f"a cell ran longer than {cell_timeout:g} s: {str(e).splitlines()[0]}"
+            if client.stuck_at:
+                fatal += f"\nthe kernel was at (most recent call last):\n{client.stuck_at}"
+        except DeadKernelError as e:
+            fatal = f"the kernel died: {str(e).splitlines()[0]}"
+        finally:
+            kill_new_descendants(before)
+            shutil.rmtree(sockets, ignore_errors=True)
     return nb, fatal
+
+
+#: an ipykernel option: on SIGUSR1 the kernel writes every thread's Python stack to ``path``
+#: (no name is left in the learner's namespace)
+_DUMP_STACK_ON_SIGUSR1 = ("--IPKernelApp.exec_lines=__import__('faulthandler').register("
+                          "__import__('signal').SIGUSR1, file=open({path!r}, 'w'), all_threads=True)")
+
+
+def _kernel_stack(pid: int | None, stack_file: str, wait: float = 2.0) -> str:
+    """The main thread's Python stack of the kernel ``pid`` (SIGUSR1, faulthandler), or ``""``."""
+    import signal
+
+    if not pid:
+        return ""
+    try:
+        os.kill(pid, signal.SIGUSR1)
+    except OSError:
+        return ""
+    deadline = time.monotonic() + wait
+    text = ""
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        with contextlib.suppress(OSError):
+            text = Path(stack_file).read_text(errors="replace")
+        if "Current thread" in text and text.endswith("\n"):
+            break
+    # faulthandler prints each thread, most recent call first; keep the one running the cell (the
+    # signal may land on any thread), oldest frame first
+    blocks = [b for b in text.split("\n\n") if "(most recent call first)" in b]
+    main = next((b for b in blocks if "interactiveshell.py" in b), blocks[0] if blocks else "")
+    frames = [line.strip() for line in main.splitlines()[1:] if line.strip().startswith("File")][::-1]
+    cell = [i for i, f in enumerate(frames) if f.endswith(" in run_code")]   # IPython runs the cell
+    frames = frames[cell[-1] + 1:] if cell else frames
+    return "\n".join(f"  {f}" for f in frames[-12:])
 
 
 def _find_releases(path: Path, release: str | None):

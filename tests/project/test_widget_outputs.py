@@ -133,8 +133,8 @@ def test_freeze_widgets_without_saved_state_still_gives_the_placeholder():
     assert placeholder.data["text/plain"] == EX.PLACEHOLDER
 
 
-@pytest.mark.timeout(180)
-def test_execute_notebooks_stores_a_real_widget_frozen(tmp_path):
+@pytest.mark.timeout(300)
+def test_execute_notebooks_stores_a_real_widget_frozen(tmp_path, capsys):
     """End to end: a kernel really displays gc.amdahl_widget; the stored cell is placeholder + PNG."""
     path = tmp_path / "widget.ipynb"
     nb = nbformat.v4.new_notebook()
@@ -142,7 +142,11 @@ def test_execute_notebooks_stores_a_real_widget_frozen(tmp_path):
                                           "gc.amdahl_widget(serial_fraction=0.1, workers=8, max_workers=64)")]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, path)
-    assert EX.main([str(path)]) == 0
+    # the cell takes seconds; a kernel stuck (CI saw one, once) is stopped before pytest's timeout,
+    # and the failure says where it was
+    if EX.main([str(path)], cell_timeout=200) != 0:
+        err = capsys.readouterr().err.replace(str(tmp_path), "<tmp>").strip()
+        pytest.fail(f"{err.splitlines()[-1] if err else 'no output'}\n{err[-1500:]}")   # innermost first
     stored = nbformat.read(path, as_version=4)
     outputs = stored.cells[0].outputs
     expected = f"{EX.PLACEHOLDER} (sliders: serial s = 0.1, workers n = 8)"
