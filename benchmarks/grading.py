@@ -83,7 +83,11 @@ def make_class(dest: Path, chapters: list[str]) -> dict[str, float]:
 
 
 def _memory(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:          # it has just ended
+        return 0
+    for line in text.splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) << 10
     return 0
@@ -114,7 +118,11 @@ def _tree(root_pid: int) -> dict[str, int]:
         if b"ipykernel" in cmd:
             continue
         if b"gpucourse.grading.judge" in cmd:
+            # the judge runs under bwrap (its own network): count bwrap and the python inside it,
+            # not the ranks the judge's reference runs start
             out["judges"] += _memory(pid)
+            if cmd.split(b"\0")[0].endswith(b"bwrap"):
+                todo += [(c, "judges") for c in _children(pid)]
             continue
         try:
             out[role] += _memory(pid)

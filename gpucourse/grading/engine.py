@@ -28,7 +28,7 @@ import time
 
 import nbformat
 
-__all__ = ["execute"]
+__all__ = ["execute", "steady_channels"]
 
 _HARNESS = "__import__('gpucourse.grading.harness', fromlist=['prime'])"
 #: the most wire text kept for one slot (the harness refuses more; this guards the shepherd)
@@ -47,6 +47,37 @@ def _current_env_kernel_manager():
                                           **ipykernel.kernelspec.get_kernel_dict())
 
     return AsyncKernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnv())
+
+
+#: the longest one wait on a kernel's socket lasts before it looks again (see :func:`steady_channels`)
+POLL_SLICE = 1.0
+
+
+def steady_channels(kc, slice_s: float = POLL_SLICE) -> None:
+    """Make ``kc``'s shell and iopub reads see every message within ``slice_s`` seconds.
+
+    pyzmq's asyncio poll waits on the socket's file descriptor, which ZeroMQ signals
+    *edge*-triggered; under load a wake-up can be missed, and the message then sits unread until the
+    wait's own timeout — the whole cell's time. CI saw a 0.3 s cell take 198 s that way (the kernel
+    idle, the reply in the socket). Waiting in short slices bounds that: each slice ends in a real
+    ``zmq_poll``, which sees the message.
+    """
+    from queue import Empty
+
+    for channel in (kc.shell_channel, kc.iopub_channel):
+        get = channel.get_msg
+
+        async def get_msg(timeout=None, _get=get, **kwargs):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    return await _get(timeout=slice_s if left is None else min(slice_s, left), **kwargs)
+                except Empty:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
+
+        channel.get_msg = get_msg
 
 
 def _error_line(ename, evalue) -> str:
@@ -74,6 +105,11 @@ def execute(nb, *, slots: dict, cwd: str, cell_timeout: float, notebook_timeout:
     phases, t0 = record["phases"], time.time()
 
     class Client(NotebookClient):
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            steady_channels(kc)
+            return kc
+
         def output(self, outs, msg, display_id, cell_index):
             size = len(json.dumps(msg.get("content", {}), default=str)) if msg["msg_type"] in (
                 "stream", "display_data", "execute_result", "update_display_data") else 0

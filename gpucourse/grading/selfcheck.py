@@ -27,10 +27,10 @@ from pathlib import Path
 
 import nbformat
 
-from .engine import _current_env_kernel_manager
+from .engine import _current_env_kernel_manager, steady_channels
 from .grade import Judges, Options, Submission, _answer_folders, grade_notebook
 from .restore import load_releases
-from .sandbox import isolation
+from .sandbox import isolation, nothing_left_behind
 
 __all__ = ["CheckResult", "run_notebook", "check_notebook", "format_results", "main", "check",
            "check_this_notebook"]
@@ -58,8 +58,6 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    from ..runtime.process_tree import descendants, kill_new_descendants, launcher_subreaper
-
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     # Start from a blank slate: nbclient replaces only the cells it reaches, so after a timeout or
@@ -70,13 +68,19 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
             cell.execution_count = None
     # The kernel talks over Unix sockets in a private folder, not TCP: TCP ports are picked free,
     # closed and then bound by the kernel, and another process (a test's gloo store, a second
-    # kernel) can take one in between — CI once saw a kernel that never answered for 180 s.
+    # kernel) can take one in between. (What CI saw twice, a reply unread for 180 s and more, was
+    # pyzmq missing a wake-up: see steady_channels.)
     sockets = tempfile.mkdtemp(prefix="gpucourse-kernel-")
     km = _current_env_kernel_manager()
     km.transport, km.ip = "ipc", os.path.join(sockets, "kernel")
     stack_file = os.path.join(sockets, "stack")
 
     class Client(NotebookClient):
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            steady_channels(kc)
+            return kc
+
         async def _async_handle_timeout(self, timeout, cell=None):
             # before the kernel goes: where is it stuck? (faulthandler, registered at its start)
             self.stuck_at = _kernel_stack(getattr(self.km.provisioner, "pid", None), stack_file)
@@ -91,8 +95,7 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
     # Nothing the notebook started outlives it. nbclient shuts down only a kernel whose manager it
     # made itself (cleanup_kc); and a process the kernel started is orphaned when the kernel exits:
     # as a subreaper this process inherits it, and kills it.
-    with launcher_subreaper():
-        before = set(descendants([os.getpid()]))
+    with nothing_left_behind():
         try:
             client.execute(cleanup_kc=True)
         except CellTimeoutError as e:
@@ -102,7 +105,6 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
         except DeadKernelError as e:
             fatal = f"the kernel died: {str(e).splitlines()[0]}"
         finally:
-            kill_new_descendants(before)
             shutil.rmtree(sockets, ignore_errors=True)
     return nb, fatal
 

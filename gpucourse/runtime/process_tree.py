@@ -27,8 +27,7 @@ import sys
 import threading
 import time
 
-__all__ = ["become_subreaper", "launcher_subreaper", "descendants", "kill_trees", "kill_my_descendants",
-           "kill_new_descendants"]
+__all__ = ["become_subreaper", "launcher_subreaper", "descendants", "kill_trees", "kill_my_descendants"]
 
 LAUNCH_ID_VARIABLE = "GPUCOURSE_LAUNCH_ID"
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
@@ -176,30 +175,6 @@ def kill_my_descendants(seconds: float = 2.0) -> None:
         _reap_any()
         time.sleep(0.005)
     _reap_any()
-
-
-def kill_new_descendants(before: set[int], seconds: float = 5.0) -> list[int]:
-    """SIGKILL every process below this one that is not in ``before`` (a :func:`descendants` snapshot).
-
-    For a caller that was a subreaper (:func:`launcher_subreaper`) while something it started ran:
-    what that left behind — a notebook's kernel's children, orphaned when the kernel exited — is
-    still below it. Reaps the ones that became its own children; returns the pids it killed.
-    """
-    me = os.getpid()
-    deadline = time.monotonic() + seconds
-    killed: set[int] = set()
-    while time.monotonic() < deadline:
-        table = _processes()
-        left = [p for p in descendants([me], table) if p not in before]
-        if not left:
-            break
-        for pid in left:
-            _kill(pid, signal.SIGKILL)
-        killed.update(left)
-        time.sleep(0.005)
-    table = _processes()
-    _reap([p for p in killed if table.get(p, (me,))[0] == me], deadline)
-    return sorted(killed)
 
 
 def _reap(pids, deadline: float) -> None:

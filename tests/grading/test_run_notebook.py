@@ -107,3 +107,46 @@ def test_a_cell_that_runs_too_long_is_reported_with_where_the_kernel_was(tmp_pat
     assert where[-2].endswith("line 5 in <module>"), fatal
     assert len(where) == 2, "only the cell's own frames, not IPython's"
     assert _still_alive([int(pids.read_text())]) == [], "the stuck kernel outlived run_notebook"
+
+
+class _MissesWakeUps:
+    """A kernel channel whose wait misses the message's wake-up, as pyzmq's asyncio poll can: a
+    message that arrives during a wait is seen only when that wait times out."""
+
+    def __init__(self, arrives_after: float | None):
+        self.arrives_at = None if arrives_after is None else time.monotonic() + arrives_after
+        self.waits = []
+
+    async def get_msg(self, timeout=None):
+        import asyncio
+        from queue import Empty
+
+        self.waits.append(timeout)
+        if timeout is None:
+            await asyncio.sleep(3600)             # nothing would wake it
+        await asyncio.sleep(timeout)
+        if self.arrives_at is not None and time.monotonic() >= self.arrives_at:
+            return {"msg_type": "execute_reply"}
+        raise Empty
+
+
+def test_steady_channels_see_a_message_whose_wake_up_was_missed():
+    import asyncio
+    from queue import Empty
+    from types import SimpleNamespace
+
+    from gpucourse.grading.engine import steady_channels
+
+    kc = SimpleNamespace(shell_channel=_MissesWakeUps(0.1), iopub_channel=_MissesWakeUps(None))
+    steady_channels(kc, slice_s=0.2)
+    started = time.monotonic()
+    assert asyncio.run(kc.shell_channel.get_msg(timeout=60))["msg_type"] == "execute_reply"
+    assert time.monotonic() - started < 5, "waited for the whole timeout, as before"
+    started = time.monotonic()
+    with pytest.raises(Empty):                                        # the timeout still holds
+        asyncio.run(kc.iopub_channel.get_msg(timeout=0.5))
+    assert 0.45 < time.monotonic() - started < 5
+    assert max(kc.iopub_channel.waits) <= 0.2
+    kc = SimpleNamespace(shell_channel=_MissesWakeUps(0.3), iopub_channel=_MissesWakeUps(None))
+    steady_channels(kc, slice_s=0.2)
+    assert asyncio.run(kc.shell_channel.get_msg())["msg_type"] == "execute_reply"   # no timeout: still seen
