@@ -179,10 +179,40 @@ def start_ranks(into: list[Rank], fn: Callable, args: tuple, nprocs: int, *, met
                 target=rank_main, name=f"gpucourse-rank{rank}", daemon=False,
                 args=(task, rank, nprocs, backend, init_pg, port_recv, float(timeout), files.paths,
                       send, method == "fork", launch_id, loopback))
-            process.start()
+            with _ctrl_c_deferred():   # from fork to `into`: a rank started must be a rank recorded
+                process.start()
+                into.append(Rank(process, messages, port_pipe, files))
             send.close()
             port_recv.close()
-            into.append(Rank(process, messages, port_pipe, files))
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred():
+    """A Ctrl-C (SIGINT) during the block takes effect at its end.
+
+    Between a rank's fork and the launcher recording it, a KeyboardInterrupt would leave that rank
+    unknown to :func:`stop`: it waited for the store's port until its timeout, and at exit
+    ``multiprocessing`` joined it (a script hung for the whole timeout after Ctrl-C). Only in the
+    main thread with a Python-level handler (elsewhere there is nothing to defer).
+    """
+    import threading
+
+    old = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(old):
+        yield
+        return
+    pending: list = []
+
+    def later(signum, frame):
+        pending.append((signum, frame))
+
+    signal.signal(signal.SIGINT, later)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if pending:
+            old(*pending[0])      # the handler that was there decides (default: KeyboardInterrupt)
 
 
 def send_port(ranks: list[Rank], port: int) -> None:

@@ -36,6 +36,8 @@ def rank_main(task, rank, world_size, backend, init_pg, port_conn, timeout, path
               launch_id, loopback):
     """Body of every rank; ``task`` is ``(fn, args)``, or its cloudpickle bytes when spawned."""
     os.setpgid(0, 0)  # own process group: the parent can kill us *and* whatever we start
+    # not the launcher's "Ctrl-C later" handler a fork copies (see processes._ctrl_c_deferred)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _linux_child_setup(f"gpucourse-rank{rank}")
     become_subreaper()  # an orphan of anything we start stays below us, where the launcher looks
     os.environ[LAUNCH_ID_VARIABLE] = launch_id  # inherited by what we start: orphans are recognised

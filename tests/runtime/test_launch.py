@@ -251,14 +251,46 @@ def test_keyboard_interrupt_in_parent_kills_children(tmp_path):
             print("interrupted", flush=True)
     """))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
-    while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
+    assert len(list(tmp_path.glob("*.pid"))) == 2, "the ranks did not start fn"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert "interrupted" in out
     pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
     assert len(pids) == 2 and not wait_gone(pids)
+
+
+def test_ctrl_c_between_a_ranks_fork_and_its_record_still_stops_it(tmp_path):
+    """The Ctrl-C lands after rank 1 is forked but before launch has recorded it. That rank used to
+    be unknown to the clean-up: it waited for the store's port until its timeout, and at exit
+    multiprocessing joined it — the script hung for the whole launch timeout."""
+    script = tmp_path / "late_ctrl_c.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, pathlib, signal, time
+        import gpucourse as gc
+        import gpucourse.runtime.processes as P
+        real = P.Rank
+        def record(process, *rest):
+            if process.name == "gpucourse-rank1":
+                pathlib.Path({str(tmp_path)!r}, "rank1.pid").write_text(str(process.pid))
+                os.kill(os.getpid(), signal.SIGINT)      # a real signal, at this very point
+                time.sleep(0.2)                          # (its handler runs here)
+            return real(process, *rest)
+        P.Rank = record
+        def fn(rank, world_size):
+            time.sleep(60)
+        try:
+            gc.launch(fn, 2, init_process_group=False, timeout=60)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """))
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "interrupted" in out.stdout, out.stderr[-2000:]
+    assert time.monotonic() - started < 30, "the script waited for a rank nobody stopped"
+    assert not wait_gone([int((tmp_path / "rank1.pid").read_text())])
 
 
 def test_function_defined_in_main_script_works(tmp_path):
