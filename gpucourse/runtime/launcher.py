@@ -159,9 +159,16 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
                 if failure[0] == "timeout":   # ask each hung rank where it is (faulthandler)
                     ask_for_stacks(ranks, failure[1] + failure[2] + failure[3])
         except BaseException:  # KeyboardInterrupt from the notebook's stop button, among others
-            stop(ranks, launch_id, clean=False)   # 4) ... every rank, and all it started
+            try:
+                stop(ranks, launch_id, clean=False)   # 4) ... every rank, and all it started
+            except KeyboardInterrupt:   # a second Ctrl-C as stop() began, before its own guard:
+                stop(ranks, launch_id, clean=False)   # stop again (it absorbs what comes later)
             raise
-        interrupted = stop(ranks, launch_id, clean=failure is None)   # 4)
+        try:
+            interrupted = stop(ranks, launch_id, clean=failure is None)   # 4)
+        except KeyboardInterrupt:       # (as above)
+            stop(ranks, launch_id, clean=False)
+            interrupted = True
         del store
         outs = [read(r.files.out, limits and limits[i][0]) for i, r in enumerate(ranks)]
         errs = [read(r.files.err, limits and limits[i][1]) for i, r in enumerate(ranks)]

@@ -178,6 +178,57 @@ def test_two_quick_interrupts_still_kill_ranks_that_ignore_sigterm(tmp_path):
     assert "interrupted" in out, err
 
 
+def test_a_ctrl_c_as_the_clean_up_begins_still_kills_ranks_that_ignore_sigterm(tmp_path):
+    """Python acts on a pending signal when a function starts: a second Ctrl-C that lands as
+    stop() begins is raised before stop's own guard. It used to escape the clean-up: the ranks
+    (here deaf to SIGTERM) lived on, and the script hung at exit joining them."""
+    script = tmp_path / "early.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, pathlib, signal, time
+        import gpucourse as gc
+        import gpucourse.runtime.launcher as L
+        real, calls = L.stop, []
+        def stop(*a, **k):
+            calls.append(1)
+            if len(calls) == 1:                        # the second Ctrl-C, at stop's first line
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+            return real(*a, **k)
+        L.stop = stop
+        def fn(rank, world_size):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            tmp = pathlib.Path({str(tmp_path)!r}, f"{{rank}}.tmp")
+            tmp.write_text(str(os.getpid()))
+            os.replace(tmp, tmp.with_suffix(".pid"))
+            time.sleep(60)
+        try:
+            gc.launch(fn, 2, init_process_group=False, timeout=60)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
+    started = time.monotonic()
+    try:
+        assert len(pids) == 2, "the ranks did not start fn"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=50)
+    finally:
+        proc.kill()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert time.monotonic() - started < 20, "the script waited at exit for ranks nobody stopped"
+    assert "interrupted" in out, err
+    assert wait_gone(pids, 0) == []
+
+
 # --- 10. spawn + cloudpickle, forced on CPU --------------------------------------------------------
 
 _SPAWN_SCRIPT = """
