@@ -43,7 +43,6 @@ from pathlib import Path
 __all__ = ["Limits", "descendants", "isolation", "kill_token", "run_job", "shepherd_main"]
 
 PR_SET_CHILD_SUBREAPER = 36
-_PR_GET_CHILD_SUBREAPER = 37
 _TOKEN = "GPUCOURSE_GRADE_TOKEN"
 _GRADING_DIR = Path(__file__).resolve().parent
 #: Imports a grading process never needs. nbformat's jsonschema would compile an IRI grammar (lark,
@@ -256,75 +255,6 @@ def descendants(pid: int) -> list[int]:
         out.append(p)
         todo.extend(children.get(p, []))
     return out
-
-
-_subreaper_lock = threading.Lock()
-_subreaper_users = 0
-
-
-@contextlib.contextmanager
-def nothing_left_behind():
-    """What the body starts does not outlive it (Linux; elsewhere a no-op).
-
-    While the body runs this process is a child subreaper, so a process orphaned below it (a
-    kernel's child when the kernel exits, a daemon that double-forked) is re-parented here and not
-    to init; afterwards every live process below it that was not there before is SIGKILLed, and the
-    ones that became its own children are reaped. For a caller that starts no other processes
-    meanwhile (the authors' notebook runner).
-    """
-    global _subreaper_users
-    if not sys.platform.startswith("linux"):
-        yield
-        return
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    with _subreaper_lock:
-        if _subreaper_users == 0:
-            was = ctypes.c_int(0)
-            prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
-            nothing_left_behind.was_on = bool(was.value)
-            prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        _subreaper_users += 1
-    me = os.getpid()
-    before = set(descendants(me))
-    try:
-        yield
-    finally:
-        try:
-            killed: set[int] = set()
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                left = [p for p in descendants(me) if p not in before and _state(p) not in ("Z", "")]
-                if not left:
-                    break
-                for p in left:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(p, signal.SIGKILL)
-                killed.update(left)
-                time.sleep(0.005)
-            for p in killed:                 # reap the ones that came to us
-                if _proc_table().get(p) == me:
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(p, 0)
-        finally:
-            with _subreaper_lock:
-                _subreaper_users -= 1
-                if _subreaper_users == 0 and not nothing_left_behind.was_on:
-                    prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
-
-nothing_left_behind.was_on = False
-
-
-def _state(pid: int) -> str:
-    """The state letter of ``pid`` (``"Z"``: a zombie), ``""`` if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:].split()[0].decode()
-    except (OSError, ValueError, IndexError):
-        return ""
 
 
 def kill_token(token: str) -> int:

@@ -30,7 +30,7 @@ import nbformat
 from .engine import _current_env_kernel_manager, steady_channels
 from .grade import Judges, Options, Submission, _answer_folders, grade_notebook
 from .restore import load_releases
-from .sandbox import isolation, nothing_left_behind
+from .sandbox import isolation
 
 __all__ = ["CheckResult", "run_notebook", "check_notebook", "format_results", "main", "check",
            "check_this_notebook"]
@@ -84,7 +84,6 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
         async def _async_handle_timeout(self, timeout, cell=None):
             # before the kernel goes: where is it stuck? (faulthandler, registered at its start)
             self.stuck_at = _kernel_stack(getattr(self.km.provisioner, "pid", None), stack_file)
-            self.shutdown_kernel = "immediate"     # a busy kernel would not answer a shutdown request
             return await super()._async_handle_timeout(timeout, cell)
 
     client = Client(nb, km=km, timeout=cell_timeout, allow_errors=allow_errors, record_timing=False,
@@ -92,20 +91,16 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
                     extra_arguments=[_DUMP_STACK_ON_SIGUSR1.format(path=stack_file)])
     client.stuck_at = ""
     fatal = ""
-    # Nothing the notebook started outlives it. nbclient shuts down only a kernel whose manager it
-    # made itself (cleanup_kc); and a process the kernel started is orphaned when the kernel exits:
-    # as a subreaper this process inherits it, and kills it.
-    with nothing_left_behind():
-        try:
-            client.execute(cleanup_kc=True)
-        except CellTimeoutError as e:
-            fatal = f"a cell ran longer than {cell_timeout:g} s: {str(e).splitlines()[0]}"
-            if client.stuck_at:
-                fatal += f"\nthe kernel was at (most recent call last):\n{client.stuck_at}"
-        except DeadKernelError as e:
-            fatal = f"the kernel died: {str(e).splitlines()[0]}"
-        finally:
-            shutil.rmtree(sockets, ignore_errors=True)
+    try:
+        client.execute()
+    except CellTimeoutError as e:
+        fatal = f"a cell ran longer than {cell_timeout:g} s: {str(e).splitlines()[0]}"
+        if client.stuck_at:
+            fatal += f"\nthe kernel was at (most recent call last):\n{client.stuck_at}"
+    except DeadKernelError as e:
+        fatal = f"the kernel died: {str(e).splitlines()[0]}"
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     return nb, fatal
 
 
