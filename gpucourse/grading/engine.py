@@ -80,6 +80,20 @@ def steady_channels(kc, slice_s: float = POLL_SLICE) -> None:
         channel.get_msg = get_msg
 
 
+def steady_client_class():
+    """``NotebookClient`` whose kernel client reads through :func:`steady_channels` (nbclient is
+    imported on first use: the grader's own process does not need it)."""
+    from nbclient import NotebookClient
+
+    class SteadyClient(NotebookClient):
+        async def async_start_new_kernel_client(self):
+            kc = await super().async_start_new_kernel_client()
+            steady_channels(kc)
+            return kc
+
+    return SteadyClient
+
+
 def _error_line(ename, evalue) -> str:
     lines = (evalue or "").strip().splitlines()
     return f"{ename}: {lines[0] if lines else ''}".rstrip(": ")
@@ -94,7 +108,6 @@ def execute(nb, *, slots: dict, cwd: str, cell_timeout: float, notebook_timeout:
     produced (absent when the cell made none).
     """
     from jupyter_core.utils import ensure_async
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     # the budget starts when the kernel is ready (starting it is the grader's cost, not the notebook's)
@@ -104,12 +117,7 @@ def execute(nb, *, slots: dict, cwd: str, cell_timeout: float, notebook_timeout:
     record: dict = {"cells": cells, "values": {}, "fatal": "", "phases": {}}
     phases, t0 = record["phases"], time.time()
 
-    class Client(NotebookClient):
-        async def async_start_new_kernel_client(self):
-            kc = await super().async_start_new_kernel_client()
-            steady_channels(kc)
-            return kc
-
+    class Client(steady_client_class()):
         def output(self, outs, msg, display_id, cell_index):
             size = len(json.dumps(msg.get("content", {}), default=str)) if msg["msg_type"] in (
                 "stream", "display_data", "execute_result", "update_display_data") else 0

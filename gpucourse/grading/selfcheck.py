@@ -27,7 +27,7 @@ from pathlib import Path
 
 import nbformat
 
-from .engine import _current_env_kernel_manager, steady_channels
+from .engine import _current_env_kernel_manager, steady_client_class
 from .grade import Judges, Options, Submission, _answer_folders, grade_notebook
 from .restore import load_releases
 from .sandbox import isolation
@@ -55,7 +55,6 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
     Returns the executed notebook (widget state included) and, if execution stopped early (a cell
     timed out, the kernel died), a message saying why.
     """
-    from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     path = Path(path)
@@ -75,12 +74,7 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
     km.transport, km.ip = "ipc", os.path.join(sockets, "kernel")
     stack_file = os.path.join(sockets, "stack")
 
-    class Client(NotebookClient):
-        async def async_start_new_kernel_client(self):
-            kc = await super().async_start_new_kernel_client()
-            steady_channels(kc)
-            return kc
-
+    class Client(steady_client_class()):
         async def _async_handle_timeout(self, timeout, cell=None):
             # before the kernel goes: where is it stuck? (faulthandler, registered at its start)
             self.stuck_at = _kernel_stack(getattr(self.km.provisioner, "pid", None), stack_file)
