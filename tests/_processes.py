@@ -81,3 +81,41 @@ def comm(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def signal_report(pid: int) -> str:
+    """How ``pid`` stands with signals, from /proc (for a test's failure message): per thread, its
+    name and blocked/pending masks; for the process, the shared pending, ignored and caught masks.
+    A Ctrl-C that did nothing shows here as SIGINT (bit 2, mask 0x2) blocked, ignored or pending."""
+    lines = []
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        lines.append("process " + " ".join(f"{k}={fields[k].strip()}"
+                                            for k in ("ShdPnd", "SigIgn", "SigCgt") if k in fields))
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                t = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+            lines.append(f"  thread {tid} {t.get('Name', '?').strip()}: "
+                         f"SigBlk={t.get('SigBlk', '?').strip()} SigPnd={t.get('SigPnd', '?').strip()} "
+                         f"State={t.get('State', '?').strip()}")
+    except OSError as e:
+        lines.append(f"process {pid}: {e}")
+    return "\n".join(lines)
+
+
+def communicate_or_report(proc, timeout: float):
+    """``proc.communicate(timeout)``; if it has not ended by then, kill it and fail the test with
+    how it stood with signals (see :func:`signal_report`) and what it printed."""
+    import subprocess
+
+    import pytest
+
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        report = signal_report(proc.pid)
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the script still ran {timeout:g} s after the signal\n{report}\n"
+                    f"stdout: {(out or '')[-1500:]}\nstderr: {(err or '')[-1500:]}")

@@ -17,3 +17,45 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
         if "multigpu" in item.keywords and n_gpu < 2:
             item.add_marker(skip_multi)
+
+
+# --- no test may leave the test process deaf to Ctrl-C ---------------------------------------------
+# Several tests send SIGINT and expect a KeyboardInterrupt (in this process, or in a script it starts,
+# which inherits the signal mask and ignored signals). A test that left SIGINT blocked, ignored or
+# re-handled would make those fail much later, in another test; this names the test that did it and
+# puts the state back.
+
+import signal as _signal
+
+_WATCHED = (_signal.SIGINT, _signal.SIGTERM)
+
+
+def _signal_state():
+    return ({s: _signal.getsignal(s) for s in _WATCHED},
+            frozenset(_signal.pthread_sigmask(_signal.SIG_BLOCK, [])))
+
+
+_BEFORE = pytest.StashKey[tuple]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_BEFORE] = _signal_state()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    before, after = item.stash.get(_BEFORE, None), _signal_state()
+    if before is not None and after != before:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, before[1])
+        for s, handler in before[0].items():
+            _signal.signal(s, handler)
+        changed = [f"{_signal.Signals(s).name} handler {before[0][s]!r} -> {after[0][s]!r}"
+                   for s in _WATCHED if before[0][s] != after[0][s]]
+        if before[1] != after[1]:
+            changed.append(f"blocked signals {sorted(int(s) for s in before[1])} -> "
+                           f"{sorted(int(s) for s in after[1])}")
+        raise AssertionError(f"the test left the test process's signals changed ({'; '.join(changed)});"
+                             " they were put back")
+    return result

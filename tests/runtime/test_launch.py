@@ -17,7 +17,7 @@ import gpucourse.runtime.launcher as launch_mod
 import gpucourse.runtime.processes as processes_mod
 
 import _launch_targets
-from _processes import wait_gone
+from _processes import communicate_or_report, wait_gone
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ def test_keyboard_interrupt_in_parent_kills_children(tmp_path):
         time.sleep(0.05)
     assert len(list(tmp_path.glob("*.pid"))) == 2, "the ranks did not start fn"
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=30)
+    out, _ = communicate_or_report(proc, 30)
     assert "interrupted" in out
     pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
     assert len(pids) == 2 and not wait_gone(pids)

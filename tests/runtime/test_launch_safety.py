@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import gpucourse as gc
 
-from _processes import listeners_of as _listeners_of, wait_gone
+from _processes import communicate_or_report, listeners_of as _listeners_of, wait_gone
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
 
@@ -165,7 +165,7 @@ def test_two_quick_interrupts_still_kill_ranks_that_ignore_sigterm(tmp_path):
     time.sleep(0.15)                       # the second one lands in the SIGTERM grace period
     proc.send_signal(signal.SIGINT)
     try:
-        out, err = proc.communicate(timeout=30)
+        out, err = communicate_or_report(proc, 30)
     finally:
         proc.kill()
         for pid in pids:                   # never leave them running, whatever the outcome
@@ -216,7 +216,7 @@ def test_a_ctrl_c_as_the_clean_up_begins_still_kills_ranks_that_ignore_sigterm(t
     try:
         assert len(pids) == 2, "the ranks did not start fn"
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=50)
+        out, err = communicate_or_report(proc, 50)
     finally:
         proc.kill()
         for pid in pids:
