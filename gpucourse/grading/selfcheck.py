@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,18 +76,25 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
     stack_file = os.path.join(sockets, "stack")
 
     class Client(steady_client_class()):
+        async def async_start_new_kernel(self, **kwargs):
+            await super().async_start_new_kernel(**kwargs)
+            self.kernel_group = getattr(self.km.provisioner, "pgid", None)
+
         async def _async_handle_timeout(self, timeout, cell=None):
             # before the kernel goes: where is it stuck? (faulthandler, registered at its start)
             self.stuck_at = _kernel_stack(getattr(self.km.provisioner, "pid", None), stack_file)
+            self.shutdown_kernel = "immediate"     # a busy kernel would not answer a shutdown request
             return await super()._async_handle_timeout(timeout, cell)
 
     client = Client(nb, km=km, timeout=cell_timeout, allow_errors=allow_errors, record_timing=False,
                     resources={"metadata": {"path": str(path.parent.resolve())}},
                     extra_arguments=[_DUMP_STACK_ON_SIGUSR1.format(path=stack_file)])
-    client.stuck_at = ""
+    client.stuck_at, client.kernel_group = "", None
     fatal = ""
     try:
-        client.execute()
+        # The kernel ends with the run and its connection file goes (nbclient shuts down only a
+        # kernel whose manager it made, unless told to) ...
+        client.execute(cleanup_kc=True)
     except CellTimeoutError as e:
         fatal = f"a cell ran longer than {cell_timeout:g} s: {str(e).splitlines()[0]}"
         if client.stuck_at:
@@ -94,6 +102,11 @@ def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: b
     except DeadKernelError as e:
         fatal = f"the kernel died: {str(e).splitlines()[0]}"
     finally:
+        # ... and so does what its cells started: the kernel led its own process group
+        # (jupyter_client starts it in a new session), which outlives it while a member lives
+        if client.kernel_group and hasattr(os, "killpg"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(client.kernel_group, signal.SIGKILL)
         shutil.rmtree(sockets, ignore_errors=True)
     return nb, fatal
 
@@ -106,8 +119,6 @@ _DUMP_STACK_ON_SIGUSR1 = ("--IPKernelApp.exec_lines=__import__('faulthandler').r
 
 def _kernel_stack(pid: int | None, stack_file: str, wait: float = 2.0) -> str:
     """The main thread's Python stack of the kernel ``pid`` (SIGUSR1, faulthandler), or ``""``."""
-    import signal
-
     if not pid:
         return ""
     try:
