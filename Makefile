@@ -43,6 +43,10 @@ NBVAL     := --nbval-lax --nbval-current-env --nbval-sanitize-with tests/sanitiz
 # loopback connection (reverse DNS of ::ffff:127.0.0.1); a resolver that drops a query stalls that
 # connection for glibc's default 5 s, so the tests ask for 1 s retries (see README, troubleshooting).
 TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0 RES_OPTIONS="timeout:1 attempts:3"
+# each test run has its own TMPDIR, removed when it ends: what a run leaves in a temporary folder
+# (torchrun's torchelastic_* logs, the docstrings' mkdtemp() examples, the scratch folders of lesson
+# kernels that nbval kills) would otherwise pile up in /tmp, run after run
+RUN_TMP   := tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/gpucourse-tests-XXXXXX") && trap 'rm -rf "$$tmp"' EXIT && TMPDIR=$$tmp
 
 .PHONY: lab test test-ui site serve-site test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade
 
@@ -69,11 +73,11 @@ test: test-package test-notebooks
 
 # pytest over gpucourse/ (unit tests, doctests) and tests/ (launcher, exercise pipeline, packaging)
 test-package: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -q
+	$(RUN_TMP) $(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -q
 
 # nbval over every lesson and every solutions notebook
 test-notebooks: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -p no:python -n $(TEST_WORKERS) --dist loadscope -q $(NBVAL) notebooks solutions
+	$(RUN_TMP) $(TEST_ENV) $(PY) -m pytest -p no:python -n $(TEST_WORKERS) --dist loadscope -q $(NBVAL) notebooks solutions
 
 # the course as a learner sees it: JupyterLab on a temporary copy of the course, driven in the
 # system's Chromium (apt-get install chromium) by playwright (the "ui" extra, installed here; no
@@ -84,7 +88,7 @@ $(UI_STAMP): $(STAMP)
 	$(PIP) -q -c constraints.txt -e '.[test,ui,site]' && touch $(UI_STAMP) || echo "no playwright: the browser tests will skip"
 
 test-ui: $(UI_STAMP)
-	$(TEST_ENV) $(PY) -m pytest -m ui -q -rs tests/ui
+	$(RUN_TMP) $(TEST_ENV) $(PY) -m pytest -m ui -q -rs tests/ui
 
 # the course as a website: README, the lessons with their stored outputs (nothing is executed),
 # the exercises and the API reference, as a book in _build/site/ (website/build.py: Sphinx, myst-nb,

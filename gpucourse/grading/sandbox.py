@@ -165,6 +165,7 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
     argv = [sys.executable, "-c", _BOOT, str(_GRADING_DIR)]
     if mode == "bwrap":
         argv = _bwrap_argv(work, list(hide)) + argv
+        env["TMPDIR"] = "/tmp"            # its own, empty (a TMPDIR from outside does not exist there)
     log = open(work / ".shepherd.log", "wb")
     started = time.monotonic()
     job = dict(job, limits=dataclasses.asdict(limits), spawned=time.time(),
