@@ -17,7 +17,8 @@ import gpucourse.runtime.launcher as launch_mod
 import gpucourse.runtime.processes as processes_mod
 
 import _launch_targets
-from _processes import communicate_or_report, wait_gone
+from _ctrl_c import interrupt_launch_script
+from _processes import wait_gone
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -236,30 +237,9 @@ def test_launch_works_again_after_failure_and_timeout():
 
 
 def test_keyboard_interrupt_in_parent_kills_children(tmp_path):
-    script = tmp_path / "interrupted.py"
-    script.write_text(textwrap.dedent(f"""
-        import os, time, pathlib
-        import gpucourse as gc
-        def fn(rank, world_size):
-            tmp = pathlib.Path({str(tmp_path)!r}, f"{{rank}}.tmp")
-            tmp.write_text(str(os.getpid()))
-            os.replace(tmp, tmp.with_suffix(".pid"))  # complete when it appears
-            time.sleep(60)
-        try:
-            gc.launch(fn, 2, init_process_group=False, timeout=60)
-        except KeyboardInterrupt:
-            print("interrupted", flush=True)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert len(list(tmp_path.glob("*.pid"))) == 2, "the ranks did not start fn"
-    proc.send_signal(signal.SIGINT)
-    out, _ = communicate_or_report(proc, 30)
-    assert "interrupted" in out
-    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
-    assert len(pids) == 2 and not wait_gone(pids)
+    out, err, _, survivors = interrupt_launch_script(tmp_path, [0.0])
+    assert "interrupted" in out, err
+    assert survivors == [], f"ranks {survivors} outlived the interrupted launch"
 
 
 def test_ctrl_c_between_a_ranks_fork_and_its_record_still_stops_it(tmp_path):

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 import gpucourse as gc
 
-from _processes import communicate_or_report, listeners_of as _listeners_of, wait_gone
+from _ctrl_c import interrupt_launch_script
+from _processes import listeners_of as _listeners_of, wait_gone
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
 
@@ -136,59 +137,9 @@ def _state(pid):
         return ""
 
 
-_DEAF_RANKS = """
-import os, pathlib, signal, time
-import gpucourse as gc
-import gpucourse.runtime.launcher as L
-{before}
-def fn(rank, world_size):
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)     # a rank that will not stop politely
-    tmp = pathlib.Path({folder!r}, f"{{rank}}.tmp")
-    tmp.write_text(str(os.getpid()))
-    os.replace(tmp, tmp.with_suffix(".pid"))          # complete when it appears
-    time.sleep(60)
-try:
-    gc.launch(fn, 2, init_process_group=False, timeout=60)
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
-"""
-
-
-def _interrupt_deaf_ranks(tmp_path, signals_at: list[float], *, before: str = "", wait: float = 30):
-    """Run a script whose two ranks ignore SIGTERM; once both run ``fn``, send the script SIGINT at
-    each of ``signals_at`` (seconds from the first). Returns (stdout, stderr, rank pids, seconds from
-    the first signal to the script's end); no rank outlives the test, whatever the outcome."""
-    script = tmp_path / "deaf.py"
-    script.write_text(_DEAF_RANKS.format(before=textwrap.dedent(before), folder=str(tmp_path)))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("*.pid"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    pids = [int(f.read_text()) for f in tmp_path.glob("*.pid")]
-    try:
-        if len(pids) < 2:
-            proc.kill()
-            pytest.fail(f"the ranks did not start fn within 120 s: {proc.communicate()}")
-        started = time.monotonic()
-        for at in signals_at:
-            time.sleep(max(0.0, started + at - time.monotonic()))
-            proc.send_signal(signal.SIGINT)
-        out, err = communicate_or_report(proc, wait)
-        return out, err, pids, time.monotonic() - started
-    finally:
-        proc.kill()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 def test_two_quick_interrupts_still_kill_ranks_that_ignore_sigterm(tmp_path):
     # the second Ctrl-C lands in the SIGTERM grace period of the clean-up the first one began
-    out, err, pids, _ = _interrupt_deaf_ranks(tmp_path, [0.0, 0.15])
-    survivors = wait_gone(pids, 0)
+    out, err, _, survivors = interrupt_launch_script(tmp_path, [0.0, 0.15], ignore_sigterm=True)
     assert survivors == [], f"ranks {survivors} survived two Ctrl-C"
     assert "interrupted" in out, err
 
@@ -197,7 +148,7 @@ def test_a_ctrl_c_as_the_clean_up_begins_still_kills_ranks_that_ignore_sigterm(t
     """Python acts on a pending signal when a function starts: a second Ctrl-C that lands as
     stop() begins is raised before stop's own guard. It used to escape the clean-up: the ranks
     (here deaf to SIGTERM) lived on, and the script hung at exit joining them."""
-    out, err, pids, took = _interrupt_deaf_ranks(tmp_path, [0.0], wait=50, before="""
+    out, err, took, survivors = interrupt_launch_script(tmp_path, [0.0], ignore_sigterm=True, wait=50, before="""
         real, calls = L.stop, []
         def stop(*a, **k):
             calls.append(1)
@@ -209,7 +160,7 @@ def test_a_ctrl_c_as_the_clean_up_begins_still_kills_ranks_that_ignore_sigterm(t
     """)
     assert took < 20, "the script waited at exit for ranks nobody stopped"
     assert "interrupted" in out, err
-    assert wait_gone(pids, 0) == []
+    assert survivors == [], f"ranks {survivors} outlived the interrupted launch"
 
 
 # --- 10. spawn + cloudpickle, forced on CPU --------------------------------------------------------
