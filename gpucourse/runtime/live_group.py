@@ -23,10 +23,10 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait as _wait_for
 
 from .live_rank_process import keeper_main
 from .ports import host_store, loopback_interface
+from .processes import wait_ready as _wait_for
 from .rank_output import read, tidy_stack
 
 __all__ = ["RankError", "RankTimeout", "LiveGroup", "Outcome", "raise_for", "who"]

@@ -34,7 +34,25 @@ from .rank_output import RankFiles
 from .rank_process import rank_main
 
 __all__ = ["Rank", "choose_start_method", "why_not_fork", "warm_parent", "start_ranks", "send_port",
-           "ask_for_stacks", "stop"]
+           "ask_for_stacks", "stop", "wait_ready"]
+
+#: The longest single wait of :func:`wait_ready`, in seconds. Python runs a signal's handler in the
+#: main thread, between bytecodes; the OS may hand a process's SIGINT to any thread that does not
+#: block it, and then a main thread asleep in ``select`` is not woken: the handler (Ctrl-C's
+#: KeyboardInterrupt) would wait for the end of that select's timeout — a whole launch's.
+WAKE_EVERY = 0.5
+
+
+def wait_ready(objects, timeout: float | None):
+    """``multiprocessing.connection.wait`` (the objects ready to read, or ``[]`` at the timeout),
+    waiting at most :data:`WAKE_EVERY` s at a time, so that a Ctrl-C always takes effect at once."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        last = remaining is not None and remaining <= WAKE_EVERY
+        ready = mp_wait(objects, timeout=max(0.0, remaining) if last else WAKE_EVERY)
+        if ready or last:
+            return ready
 
 
 class Rank:

@@ -242,6 +242,20 @@ def test_keyboard_interrupt_in_parent_kills_children(tmp_path):
     assert survivors == [], f"ranks {survivors} outlived the interrupted launch"
 
 
+def test_a_ctrl_c_the_os_hands_to_another_thread_still_stops_the_launch_at_once(tmp_path):
+    """The OS may deliver a process's SIGINT to any thread that does not block it; Python then runs
+    the handler in the main thread only when that thread next runs bytecode. A launcher asleep in
+    one long select heard the Ctrl-C only at the launch's timeout (here 60 s)."""
+    out, err, took, survivors = interrupt_launch_script(tmp_path, [0.0], before="""
+        import threading
+        threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()   # takes the signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})               # the main thread won't
+    """)
+    assert "interrupted" in out, err
+    assert took < 10, f"the Ctrl-C took effect after {took:.1f} s"
+    assert survivors == []
+
+
 def test_ctrl_c_between_a_ranks_fork_and_its_record_still_stops_it(tmp_path):
     """The Ctrl-C lands after rank 1 is forked but before launch has recorded it. That rank used to
     be unknown to the clean-up: it waited for the store's port until its timeout, and at exit

@@ -238,6 +238,31 @@ def test_ctrl_c_in_the_kernel_interrupts_the_busy_ranks(code, survives):
             assert not wait_gone(pids, 5)
 
 
+def test_a_ctrl_c_the_os_hands_to_another_thread_still_interrupts_at_once():
+    """The OS may deliver the kernel's SIGINT to any thread that does not block it (a kernel has
+    several); Python runs the handler in the main thread only when that thread next runs bytecode.
+    Waiting for the ranks in one long select, the cell heard the Ctrl-C only at its timeout."""
+    with gc.LiveRanks().start(2) as g:
+        done = threading.Event()
+        taker = threading.Thread(target=done.wait)        # a thread that does not block SIGINT ...
+        taker.start()
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})   # ... and a main thread that does
+        try:
+            timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            started = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                g.run("import time\ntime.sleep(30)", timeout=60)
+            took = time.monotonic() - started
+            timer.join()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            done.set()
+            taker.join()
+        assert took < 10, f"the Ctrl-C took effect after {took:.1f} s"
+        assert g.running
+
+
 def test_a_rank_that_dies_is_named_and_the_group_is_stopped():
     with gc.LiveRanks().start(3) as g:
         pids = g.pids
