@@ -159,16 +159,9 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
                 if failure[0] == "timeout":   # ask each hung rank where it is (faulthandler)
                     ask_for_stacks(ranks, failure[1] + failure[2] + failure[3])
         except BaseException:  # KeyboardInterrupt from the notebook's stop button, among others
-            try:
-                stop(ranks, launch_id, clean=False)   # 4) ... every rank, and all it started
-            except KeyboardInterrupt:   # a second Ctrl-C as stop() began, before its own guard:
-                stop(ranks, launch_id, clean=False)   # stop again (it absorbs what comes later)
+            _stop_surely(ranks, launch_id, clean=False)   # 4) ... every rank, and all it started
             raise
-        try:
-            interrupted = stop(ranks, launch_id, clean=failure is None)   # 4)
-        except KeyboardInterrupt:       # (as above)
-            stop(ranks, launch_id, clean=False)
-            interrupted = True
+        interrupted = _stop_surely(ranks, launch_id, clean=failure is None)   # 4)
         del store
         outs = [read(r.files.out, limits and limits[i][0]) for i, r in enumerate(ranks)]
         errs = [read(r.files.err, limits and limits[i][1]) for i, r in enumerate(ranks)]
@@ -182,6 +175,17 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
     if failure[0] == "timeout":
         raise _timeout_error(failure, stacks, nprocs, timeout)
     raise _worker_error(failure, errs)
+
+
+def _stop_surely(ranks: list[Rank], launch_id: str, clean: bool) -> bool:
+    """:func:`stop`, again if a second Ctrl-C lands as it begins. Python raises a pending signal at a
+    function's start, before stop's own guard; the second call absorbs what comes later. Returns
+    whether a Ctrl-C came."""
+    try:
+        return stop(ranks, launch_id, clean=clean)
+    except KeyboardInterrupt:
+        stop(ranks, launch_id, clean=False)
+        return True
 
 
 def _wait_for_ranks(ranks: list[Rank], timeout: float):
