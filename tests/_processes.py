@@ -83,22 +83,25 @@ def comm(pid: int) -> str:
         return ""
 
 
+def _status(path: str) -> dict[str, str]:
+    """The fields of a /proc ``status`` file, values stripped."""
+    with open(path) as f:
+        return {k: v.strip() for k, v in (line.split(":", 1) for line in f.read().splitlines() if ":" in line)}
+
+
 def signal_report(pid: int) -> str:
     """How ``pid`` stands with signals, from /proc (for a test's failure message): per thread, its
     name and blocked/pending masks; for the process, the shared pending, ignored and caught masks.
     A Ctrl-C that did nothing shows here as SIGINT (bit 2, mask 0x2) blocked, ignored or pending."""
     lines = []
     try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-        lines.append("process " + " ".join(f"{k}={fields[k].strip()}"
-                                            for k in ("ShdPnd", "SigIgn", "SigCgt") if k in fields))
+        fields = _status(f"/proc/{pid}/status")
+        lines.append("process " + " ".join(f"{k}={fields[k]}" for k in ("ShdPnd", "SigIgn", "SigCgt")
+                                            if k in fields))
         for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                t = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-            lines.append(f"  thread {tid} {t.get('Name', '?').strip()}: "
-                         f"SigBlk={t.get('SigBlk', '?').strip()} SigPnd={t.get('SigPnd', '?').strip()} "
-                         f"State={t.get('State', '?').strip()}")
+            t = _status(f"/proc/{pid}/task/{tid}/status")
+            lines.append(f"  thread {tid} {t.get('Name', '?')}: SigBlk={t.get('SigBlk', '?')} "
+                         f"SigPnd={t.get('SigPnd', '?')} State={t.get('State', '?')}")
     except OSError as e:
         lines.append(f"process {pid}: {e}")
     return "\n".join(lines)
