@@ -42,6 +42,8 @@ from .sandbox import Limits, describe, isolation, run_job
 __all__ = ["Judges", "Options", "Submission", "discover", "find_solutions", "grade", "grade_notebook"]
 
 MAX_NOTEBOOK_BYTES = 32 << 20
+#: what of the judge's ``cases`` reply a kernel receives: its inputs, their seeds, what it may not call
+KERNEL_PAYLOAD = ("slot", "cases", "seeds", "forbid")
 
 
 @dataclass
@@ -304,20 +306,23 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
     for slot in slots:
         if slot.key in slots_of_judge:
             payload = judges.cases(release.chapter, slot.key)
-            jobs[slot.index] = {"slot": slot.key, "payload": json.dumps(payload)}
+            # the kernel gets its cases and nothing else: not the run's seed, not the check's title
+            jobs[slot.index] = {"slot": slot.key, "payload": json.dumps(
+                {k: payload[k] for k in KERNEL_PAYLOAD if k in payload})}
     work = Path(tempfile.mkdtemp(prefix="sub-", dir=work_root))
-    (work / sub.path.name).write_bytes(sub.data)        # the student's own copy, for relative paths
     job = {"notebook": nbformat.writes(run), "slots": jobs, "cwd": str(cwd or work),
            "cell_timeout": options.cell_timeout, "notebook_timeout": options.notebook_timeout,
            "output_limit": options.limits.output_bytes}
+    # the student's own copy, for relative paths (written by the shepherd, inside the sandbox's tmpfs)
     record = run_job(job, work=work, limits=options.limits, mode=mode,
-                     wall=options.notebook_timeout + 180, hide=options.hide)
+                     wall=options.notebook_timeout + 180, hide=options.hide,
+                     files={sub.path.name: sub.data})
     results = [_judge_slot(slot, record, judges, release.chapter, slots_of_judge, nb) for slot in slots]
     graded_cells = {s.index for s in slots}
     cells = record["cells"]
     others = [(origin[i] if origin[i] is not None else i, row["error"]) for i, row in enumerate(cells)
               if i not in graded_cells and row.get("error") and i < len(origin)]
-    problem = record.get("fatal", "")
+    problem = "; ".join(dict.fromkeys(filter(None, [record.get("fatal", ""), *record.get("limits_hit", [])])))
     rows = []
     for cid in dict.fromkeys(s.id for s in slots):
         (slot, vis), = [(s, r) for s, r in zip(slots, results) if s.id == cid and s.kind == "visible"]
@@ -325,6 +330,9 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
         hidden_ok = all(r["passed"] for r in hid) if hid else None
         flag = "missing" if slot.missing else "deleted" if slot.deleted else "edited" if slot.edited else ""
         error = vis["error"] or next((r["error"] for r in hid if not r["passed"]), "")
+        for hit in record.get("limits_hit", []):            # a limit the notebook hit is named in its rows
+            if error and hit not in error:
+                error = f"{error} ({hit})"
         message = vis["message"] if not vis["passed"] else next((r["message"] for r in hid if not r["passed"]), "")
         rows.append(Row(sub.student, sub.path.name, cid, slot.title, "✓" if vis["passed"] else "✗",
                         "" if hidden_ok is None else "✓" if hidden_ok else "✗",
@@ -442,10 +450,12 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
         return 2
     mode = isolation(options.use_bwrap)
     if mode != "bwrap" and options.use_bwrap and not allow_unisolated:
-        print("gpucourse grade: bubblewrap (bwrap) is not installed or does not work here, and without it "
-              "a submission could read the course's solutions. Install it (Debian/Ubuntu: apt-get install "
-              "bubblewrap), or pass --no-bwrap to grade trusted notebooks without hiding the answers.",
-              file=sys.stderr)
+        from . import sandbox
+
+        print(f"gpucourse grade: no sandbox: {sandbox.bwrap_problem or 'bwrap does not work here'}. Without "
+              "one a submission could read the course's solutions or, as root, escape. Install bubblewrap "
+              "(Debian/Ubuntu: apt-get install bubblewrap) where it can drop privileges, or pass --no-bwrap "
+              "to grade trusted notebooks without hiding the answers.", file=sys.stderr)
         return 2
     line = describe(mode, options.limits)
     workers = workers or default_workers()

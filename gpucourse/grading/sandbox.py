@@ -3,11 +3,14 @@
 ::
 
     grader ──Popen(start_new_session, rlimits)──► [bwrap: only /usr, /etc, Python and the package, read-
-                                                   only; private /tmp + work copy; no network; own pid
-                                                   namespace; --die-with-parent]
-                                                    └─► shepherd (PR_SET_CHILD_SUBREAPER)
-                                                          └─► kernel ─► whatever the notebook starts
-           ◄── result JSON on a private pipe ────────────┘
+       │                                           only, nosuid, nodev; size-limited private /tmp and
+       │                                           work copy (tmpfs); no network; own pid namespace;
+       │                                           --die-with-parent]
+       │                                            └─► shepherd (PR_SET_CHILD_SUBREAPER) drops to an
+       │                                                unprivileged user, no capabilities, no way back
+       │                                                  └─► kernel ─► whatever the notebook starts
+       ├─ every 0.5 s: the memory of the whole tree (a notebook's total, not per process)
+       ◄── result JSON on a private pipe ────────────┘
 
 - Limits (``setrlimit`` in the shepherd before it starts the kernel, inherited by the kernel and everything it starts): CPU seconds,
   address space, open file size, no core files; processes (``RLIMIT_NPROC``) when not root.
@@ -16,6 +19,17 @@
   is left. Every process also carries a per-notebook token in its environment; the grader kills
   any process still carrying it (the shepherd itself may have been killed on the wall-time limit).
 - With ``bwrap`` the pid namespace ends with the shepherd: nothing inside survives it.
+- **No privileges, whoever starts the grader.** Started by root, ``bwrap`` keeps nearly every
+  capability for its child; the shepherd's first act is to drop to the unprivileged user ``nobody``
+  (65534): no supplementary groups, an empty capability bounding set, ``no_new_privs`` — so neither the
+  kernel nor anything it starts can mount, ``mknod``, ``chroot``, remount the package read-write or
+  ``ptrace`` anything outside. Started by another user, ``bwrap`` runs in a user namespace of that user
+  with every capability dropped and further user namespaces disabled. :func:`isolation` proves it
+  before any notebook runs (a probe reads ``CapEff`` inside); if it cannot, ``grade`` refuses.
+- **Totals.** Besides the per-process limits, a notebook's whole process tree may hold at most
+  ``total_memory_bytes`` of memory (the grader measures it every 0.5 s and stops the notebook), and
+  with ``bwrap`` its work copy and ``/tmp`` are tmpfs of ``disk_bytes`` each. Hitting a limit is
+  named in the notebook's row.
 
 .. warning::
    Without ``bwrap`` a submission can still read and write wherever the grader's user can (other
@@ -25,6 +39,7 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -65,22 +80,155 @@ class Limits:
     file_bytes: int = 256 << 20      # largest file a notebook may write (RLIMIT_FSIZE)
     processes: int = 512             # extra processes (RLIMIT_NPROC, not enforced for root)
     output_bytes: int = 1 << 20      # output kept per cell (truncated and marked beyond)
+    total_memory_bytes: int = 6 << 30    # the whole process tree of one notebook (resident, anonymous)
+    disk_bytes: int = 512 << 20      # with bwrap: the work copy's tmpfs, and /tmp's, each
 
 
 _bwrap_ok: bool | None = None
+#: why bwrap is not used here (empty when it is): what ``grade`` prints when it refuses
+bwrap_problem = ""
+#: the unprivileged user a root-started sandbox runs its notebook as (``nobody`` on Linux)
+SANDBOX_UID = SANDBOX_GID = 65534
+_DROP_VARIABLE = "GPUCOURSE_SANDBOX_DROP"
 
 
 def isolation(use_bwrap: bool = True) -> str:
-    """``"bwrap"`` when bubblewrap is installed and works here, else ``"limits"``."""
-    global _bwrap_ok
+    """``"bwrap"`` when bubblewrap is installed *and* a probe inside it runs with no capabilities
+    as an unprivileged user; else ``"limits"`` (:data:`bwrap_problem` says why)."""
+    global _bwrap_ok, bwrap_problem
     if not use_bwrap:
         return "limits"
     if _bwrap_ok is None:
         exe = shutil.which("bwrap")
-        _bwrap_ok = bool(exe) and subprocess.run(
-            [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-net",
-             "--unshare-pid", "--die-with-parent", "true"], capture_output=True).returncode == 0
+        if not exe:
+            _bwrap_ok, bwrap_problem = False, "bubblewrap (bwrap) is not installed"
+        else:
+            bwrap_problem = _probe()
+            _bwrap_ok = not bwrap_problem
     return "bwrap" if _bwrap_ok else "limits"
+
+
+def _probe() -> str:
+    """Run a shepherd-like process in the sandbox; '' when it ends up unprivileged, else why not."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpucourse-probe-") as work:
+        code = (_BOOT.replace("shepherd_main; shepherd_main()", "drop_privileges; drop_privileges()") + "; "
+                "st=dict(l.split(':\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\t' in l); "
+                "print(st['Uid'].split()[0], int(st['CapEff'], 16), int(st['CapBnd'], 16), st['NoNewPrivs'])")
+        argv = _bwrap_argv(Path(work), [], limits=Limits()) + [sys.executable, "-c", code, str(_GRADING_DIR)]
+        env = dict(os.environ, **_drop_env())
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"bwrap could not start a sandbox ({e})"
+    if r.returncode != 0:
+        tail = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+        return f"bwrap could not start an unprivileged sandbox here ({tail})"
+    try:
+        uid, cap_eff, cap_bnd, nnp = r.stdout.split()
+    except ValueError:
+        return f"the sandbox probe printed {r.stdout!r}"
+    if uid == "0" or cap_eff != "0" or nnp != "1" or (os.getuid() == 0 and cap_bnd != "0"):
+        return (f"the sandbox could not drop privileges (uid {uid}, CapEff {int(cap_eff):#x}, CapBnd "
+                f"{int(cap_bnd):#x}, NoNewPrivs {nnp}): a notebook could escape it")
+    return ""
+
+
+def _drop_env() -> dict:
+    """What tells the shepherd to drop to :data:`SANDBOX_UID` (only when the grader is root)."""
+    return {_DROP_VARIABLE: f"{SANDBOX_UID}:{SANDBOX_GID}"} if os.getuid() == 0 else {}
+
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_DROP = 24
+
+
+def drop_privileges() -> None:
+    """In the sandbox, before anything of the notebook's runs: become ``nobody`` with no capabilities.
+
+    Only when the grader asked for it (root started the sandbox; see :func:`_drop_env`). Order
+    matters: groups and gid first (needs CAP_SETGID), then the bounding set (needs CAP_SETPCAP), then
+    the uid — which clears the permitted and effective sets — and ``no_new_privs`` so that no
+    set-uid file or file capability gives any of it back.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    spec = os.environ.pop(_DROP_VARIABLE, "")
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if not spec:
+        return
+    _forbid_user_namespaces(libc)
+    uid, gid = (int(x) for x in spec.split(":"))
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    try:
+        last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() not in (0, 22):
+            raise OSError(ctypes.get_errno(), f"could not drop capability {cap} from the bounding set")
+    os.setresuid(uid, uid, uid)
+    if os.getuid() == 0 or os.geteuid() == 0:
+        raise OSError("still root after setresuid")
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)          # not even a process of the same user may ptrace it
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    libc.capset(ctypes.byref(Header(0x20080522, 0)), (Data * 2)())    # the inheritable set too: empty
+
+
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+CLONE_NEWUSER = 0x10000000
+#: (AUDIT_ARCH, unshare, clone, clone3) per machine
+_SYSCALLS = {"x86_64": (0xC000003E, 272, 56, 435), "aarch64": (0xC00000B7, 97, 220, 435)}
+
+
+def _forbid_user_namespaces(libc) -> None:
+    """A seccomp filter: ``unshare``/``clone`` with ``CLONE_NEWUSER`` fail with EPERM, ``clone3``
+    with ENOSYS (glibc then uses ``clone``, whose flags the filter can read). A new user namespace
+    is the one way an unprivileged process gets capabilities back (over namespaces of its own); a
+    root-started bwrap cannot disable them itself without mapping the sandbox to the host's root."""
+    import ctypes
+    import errno
+    import platform
+
+    arch = _SYSCALLS.get(platform.machine())
+    if arch is None:
+        return                                       # no filter for this machine: documented
+    audit, unshare, clone, clone3 = arch
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    LD, JEQ, JSET, RET = 0x20, 0x15, 0x45, 0x06          # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JSET|K, RET|K
+    ALLOW, ERRNO = 0x7FFF0000, 0x00050000
+    code = [
+        (LD, 0, 0, 4), (JEQ, 1, 0, audit), (RET, 0, 0, ALLOW),        # another ABI: not filtered
+        (LD, 0, 0, 0),                                                # the syscall number
+        (JEQ, 0, 1, clone3), (RET, 0, 0, ERRNO | errno.ENOSYS),
+        (JEQ, 1, 0, unshare), (JEQ, 0, 3, clone),
+        (LD, 0, 0, 16),                                               # args[0], low 32 bits: flags
+        (JSET, 0, 1, CLONE_NEWUSER), (RET, 0, 0, ERRNO | errno.EPERM),
+        (RET, 0, 0, ALLOW),
+    ]
+    filters = (Filter * len(code))(*[Filter(*c) for c in code])
+    prog = Program(len(code), filters)
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "could not install the seccomp filter against user namespaces")
 
 
 def describe(mode: str, limits: Limits) -> str:
@@ -88,10 +236,13 @@ def describe(mode: str, limits: Limits) -> str:
     common = (f"CPU {limits.cpu_seconds} s/process, memory {limits.memory_bytes >> 20} MB/process, "
               f"files ≤ {limits.file_bytes >> 20} MB, output ≤ {limits.output_bytes >> 10} KB/cell, "
               "own session, process tree killed after each notebook")
+    common += f", memory {limits.total_memory_bytes >> 20} MB/notebook in all"
     if mode == "bwrap":
         return ("isolation: bwrap (read-only system, Python and package only — no course files, no "
-                f"solutions —, private /tmp and work copy, no network, own pid namespace) + {common}")
-    return (f"isolation: limits only ({common}) — install bubblewrap for filesystem and network "
+                f"solutions —, private /tmp and work copy of {limits.disk_bytes >> 20} MB each, no network, "
+                "own pid namespace, unprivileged user, no capabilities) + " + common)
+    root = " — the kernel runs as root here" if os.getuid() == 0 else ""
+    return (f"isolation: limits only ({common}){root} — install bubblewrap for filesystem and network "
             "isolation")
 
 
@@ -120,56 +271,91 @@ def visible_paths() -> list[Path]:
     return sorted((p for p in paths if p.exists()), key=lambda q: len(q.parts))
 
 
-def _bwrap_argv(work: Path, hide: list[Path]) -> list[str]:
+def _parent_dirs(path: Path, mounted: list[str], made: set[str]) -> list[str]:
+    """``--dir`` for each folder above ``path`` that bwrap would otherwise create root-only (0700):
+    the unprivileged user inside must pass through them. Folders at or below a mount already made
+    are left alone (they exist there; a read-only one cannot take a new folder)."""
+    argv = []
+    for parent in reversed(Path(path).parents):
+        text = str(parent)
+        if text == "/" or text in made or any(text == m or text.startswith(m + "/") for m in mounted):
+            continue
+        argv += ["--perms", "0755", "--dir", text]
+        made.add(text)
+    return argv
+
+
+def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None) -> list[str]:
+    limits = limits or Limits()
     argv = [shutil.which("bwrap") or "bwrap"]
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
             argv += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             argv += ["--ro-bind", d, d]
-    argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    # every mount bwrap makes (binds, tmpfs) is nosuid and nodev; /dev holds only the safe nodes
+    size = str(limits.disk_bytes)
+    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+             "--tmpfs", "/run"]
     shown = visible_paths()
+    mounted = [d for d in SYSTEM_DIRS if not os.path.islink(d)] + ["/tmp", "/run", "/dev", "/proc"]
+    made: set[str] = set()
     for path in shown:
         if not any(str(path) == d or str(path).startswith(d + "/") for d in SYSTEM_DIRS if not os.path.islink(d)):
-            argv += ["--ro-bind", str(path), str(path)]
+            argv += _parent_dirs(path, mounted, made) + ["--ro-bind", str(path), str(path)]
+            mounted.append(str(path))
     for h in hide:                       # e.g. a solutions folder that lives inside the environment
         h = h.resolve()
         if h.exists() and any(s == h or s in h.parents for s in shown) and not any(
                 h == s or h in s.parents for s in shown):
             argv += ["--tmpfs", str(h)]
-    argv += ["--bind", str(work), str(work), "--chdir", str(work), "--unshare-net", "--unshare-pid",
-             "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--new-session"]
+    # the work copy: a tmpfs of its own (what the notebook writes counts against disk_bytes, not the
+    # host's disk); the shepherd writes the submission into it
+    argv += _parent_dirs(work, mounted, made)
+    argv += ["--perms", "1777", "--size", size, "--tmpfs", str(work), "--chdir", str(work),
+             "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+             "--new-session"]
+    if os.getuid() == 0:
+        # root: no user namespace (its root would be the host's root); the shepherd keeps only what it
+        # needs to become nobody, then drops that too (drop_privileges)
+        argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                 "--cap-add", "CAP_SETPCAP"]
+    else:
+        argv += ["--unshare-user", "--disable-userns"]
     return argv + ["--"]
 
 
 def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
-            hide: list[Path] = ()) -> dict:
+            hide: list[Path] = (), files: dict[str, bytes] | None = None) -> dict:
     """Run one notebook job in a shepherd (in ``bwrap`` when ``mode == "bwrap"``); return its record.
 
-    ``job`` holds the run notebook and engine options. Never raises for the notebook's sake: a
-    killed or crashed shepherd gives a record with ``fatal`` set.
+    ``job`` holds the run notebook and engine options; ``files`` (name → bytes) are written into the
+    notebook's working folder by the shepherd. Never raises for the notebook's sake: a killed or
+    crashed shepherd gives a record with ``fatal`` set.
     """
     token = uuid.uuid4().hex
     home = work / ".home"
-    home.mkdir(exist_ok=True)
     env = dict(os.environ, **{_TOKEN: token, "HOME": str(home), "JUPYTER_RUNTIME_DIR": str(home / "rt"),
                               "IPYTHONDIR": str(home / "ipython"), "MPLCONFIGDIR": str(home / "mpl"),
                               "JUPYTER_PLATFORM_DIRS": "1", "PYTHONDONTWRITEBYTECODE": "1",
                               "MPLBACKEND": "agg"})
     env.pop("JPY_SESSION_NAME", None)
     env.pop("GPUCOURSE_SOLUTIONS", None)          # the kernel never learns where the answers are
+    env.pop(_DROP_VARIABLE, None)
     # the kernel imports the very package this grader is (whatever an editable install points at)
     env["PYTHONPATH"] = str(_GRADING_DIR.parent.parent)
     read_fd, write_fd = os.pipe()
     env["GPUCOURSE_RESULT_FD"] = str(write_fd)
     argv = [sys.executable, "-c", _BOOT, str(_GRADING_DIR)]
     if mode == "bwrap":
-        argv = _bwrap_argv(work, list(hide)) + argv
+        argv = _bwrap_argv(work, list(hide), limits=limits) + argv
         env["TMPDIR"] = "/tmp"            # its own, empty (a TMPDIR from outside does not exist there)
+        env.update(_drop_env())
     log = open(work / ".shepherd.log", "wb")
     started = time.monotonic()
     job = dict(job, limits=dataclasses.asdict(limits), spawned=time.time(),
-               running=sum(1 for p in os.listdir("/proc") if p.isdigit()))
+               running=sum(1 for p in os.listdir("/proc") if p.isdigit()),
+               home=str(home), files={name: base64.b64encode(data).decode() for name, data in (files or {}).items()})
     # no preexec_fn (unsafe with the grader's worker threads): the shepherd limits itself first
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                             cwd=work, env=env, pass_fds=(write_fd,), start_new_session=True)
@@ -192,11 +378,25 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
         proc.stdin.close()
     except BrokenPipeError:
         pass
-    try:
-        proc.wait(timeout=wall)
-    except subprocess.TimeoutExpired:
-        killed = f"the notebook ran longer than its budget ({wall:g} s wall time, grader's limit)"
-        _kill_group(proc, grace=3.0)
+    deadline = started + wall
+    peak = 0
+    while True:
+        try:
+            proc.wait(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() >= deadline:
+            killed = f"the notebook ran longer than its budget ({wall:g} s wall time, grader's limit)"
+            _kill_group(proc, grace=3.0)
+            break
+        held = tree_memory(proc.pid)
+        peak = max(peak, held)
+        if held > limits.total_memory_bytes:
+            killed = (f"memory limit: the notebook's processes held {held >> 20} MB together, more than the "
+                      f"{limits.total_memory_bytes >> 20} MB a notebook may use; it was stopped there")
+            _kill_group(proc, grace=0.5)
+            break
     t.join(timeout=10)
     os.close(read_fd)
     log.close()
@@ -212,7 +412,26 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
         record = {"cells": [], "values": {}, "fatal": why}
     record["leftovers_killed"] = record.get("leftovers_killed", 0) + leftovers
     record["wall_seconds"] = round(time.monotonic() - started, 3)
+    record["peak_memory_mb"] = peak >> 20
+    if killed.startswith("memory"):
+        record.setdefault("limits_hit", []).append(killed)
     return record
+
+
+def tree_memory(pid: int) -> int:
+    """Bytes of anonymous memory resident in ``pid``'s descendants (what a notebook's processes hold
+    together; pages shared after a fork count once per process — an upper bound)."""
+    total = 0
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"RssAnon:"):
+                        total += int(line.split()[1]) << 10
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def _kill_group(proc, grace: float) -> None:
@@ -307,15 +526,34 @@ def _kill_descendants() -> int:
     return count
 
 
+def _disk_full(job: dict) -> str:
+    """A note when the notebook filled its work folder or /tmp (the tmpfs of ``disk_bytes``), or
+    wrote a file as large as it may (``file_bytes``)."""
+    size = job["limits"]["disk_bytes"]
+    for where, path in (("work folder", job["cwd"]), ("/tmp", "/tmp")):
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        if st.f_blocks * st.f_frsize <= size + (1 << 20) and st.f_bavail * st.f_frsize < (1 << 20):
+            return f"disk limit: the notebook filled its {size >> 20} MB {where}"
+    return ""
+
+
 def shepherd_main() -> None:
     """Entry point of the per-notebook shepherd process (reads the job on stdin)."""
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    drop_privileges()                     # first: nothing of the notebook runs with privileges
     fd = int(os.environ.pop("GPUCOURSE_RESULT_FD"))
     os.set_inheritable(fd, False)
     job = json.loads(sys.stdin.buffer.read())
     _rlimits(job["limits"], job["running"])
+    os.makedirs(job["home"], exist_ok=True)
+    for name, data in job.get("files", {}).items():          # the student's own copy, for relative paths
+        with open(os.path.join(job["cwd"], os.path.basename(name)), "wb") as f:
+            f.write(base64.b64decode(data))
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     signal.signal(signal.SIGTERM, lambda *a: (_kill_descendants(), os._exit(3)))
@@ -329,6 +567,9 @@ def shepherd_main() -> None:
                             notebook_timeout=job["notebook_timeout"], output_limit=job["output_limit"],
                             env=dict(os.environ))
     record["leftovers_killed"] = _kill_descendants()
+    hit = _disk_full(job)
+    if hit:
+        record.setdefault("limits_hit", []).append(hit)
     record.setdefault("phases", {})["shepherd_start"] = round(ready - job["spawned"], 3)
     record["shepherd_maxrss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     if job.get("want_notebook"):

@@ -1,0 +1,107 @@
+"""A graded kernel has no privileges, whoever starts the grader (issue 37, part 1).
+
+Graders often run as root (a container, a CI job, a course VM). Inside a root-started bwrap the
+kernel used to keep nearly every capability: a cell could mount a tmpfs, ``mknod`` the host's disk,
+mount it and read ``solutions/`` — or remount the package read-write under every later judge. Here a
+submission tries each of those escapes, and more, from a cell of its own; the cell reports what it
+saw by raising, so the report comes back in the gradebook's ``other_errors``. Every attempt must fail,
+``CapEff`` must read 0, and the blank notebook must score 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from _grading_helpers import tiny_submission
+from gpucourse.grading import sandbox
+from gpucourse.grading.grade import grade
+
+pytestmark = pytest.mark.skipif(sandbox.isolation() != "bwrap",
+                                reason="needs bwrap (Debian package bubblewrap) that can drop privileges")
+
+ESCAPES = r'''
+import ctypes, errno, json, os, stat, subprocess
+import gpucourse
+libc = ctypes.CDLL(None, use_errno=True)
+package = os.path.dirname(gpucourse.__file__)
+report = {}
+def attempt(name, fn):
+    try:
+        out = fn()                            # True: the escape worked; anything else says why not
+        report[name] = "ok" if out is True else f"failed: {out}"
+    except Exception as e:
+        report[name] = f"failed: {type(e).__name__}: {e}"[:120]
+def syscall_rc(rc):
+    return True if rc == 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+def command(*argv):
+    r = subprocess.run(argv, capture_output=True, text=True)
+    return True if r.returncode == 0 else f"status {r.returncode}: {(r.stdout + r.stderr).strip()[-60:]}"
+def call(fn, *args):
+    fn(*args)
+    return True
+os.makedirs("/tmp/m", exist_ok=True)
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+report["uid"] = os.getuid()
+report["CapEff"] = int(status["CapEff"], 16)
+report["CapBnd"] = int(status["CapBnd"], 16)
+report["Seccomp"] = status.get("Seccomp", "?")
+attempt("mount_tmpfs", lambda: syscall_rc(libc.mount(b"x", b"/tmp/m", b"tmpfs", 0, None)))
+attempt("mount_command", lambda: command("mount", "-t", "tmpfs", "x", "/tmp/m"))
+attempt("mknod_disk", lambda: call(os.mknod, "/tmp/sda", stat.S_IFBLK | 0o600, os.makedev(8, 0)))
+MS_REMOUNT, MS_BIND = 32, 4096
+attempt("remount_package_rw", lambda: syscall_rc(libc.mount(None, package.encode(), None,
+                                                            MS_REMOUNT | MS_BIND, None)))
+attempt("write_package", lambda: call(lambda: open(os.path.join(package, "planted.py"), "w").write("x = 1")))
+attempt("setuid_root", lambda: call(os.setuid, 0))
+attempt("chroot", lambda: call(os.chroot, "/tmp"))
+PTRACE_ATTACH = 16
+attempt("ptrace_parent", lambda: syscall_rc(libc.ptrace(PTRACE_ATTACH, os.getppid(), None, None)))
+attempt("ptrace_init", lambda: syscall_rc(libc.ptrace(PTRACE_ATTACH, 1, None, None)))
+attempt("new_user_namespace", lambda: syscall_rc(libc.unshare(0x10000000)))
+attempt("unshare_command", lambda: command("unshare", "-r", "mount", "-t", "tmpfs", "x", "/tmp/m"))
+raise RuntimeError("REPORT" + json.dumps(report, separators=(",", ":")))
+'''
+
+ATTEMPTS = ["mount_tmpfs", "mount_command", "mknod_disk", "remount_package_rw", "write_package",
+            "setuid_root", "chroot", "ptrace_parent", "ptrace_init", "new_user_namespace", "unshare_command"]
+
+
+def test_every_escape_fails_and_the_kernel_has_no_capabilities(tiny_release, tmp_path):
+    release, solutions = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "mallory", 'raise NotImplementedError("Exercise 99.1")', extra=[ESCAPES],
+                    before=True)
+    out = tmp_path / "g.json"
+    grade([str(subs)], release=str(release), hidden_from=str(solutions), workers=1, json_path=str(out),
+          quiet=True)
+    data = json.loads(out.read_text())
+    (notebook,) = data["notebooks"]
+    text = next(e for e in notebook["other_errors"] if "REPORT" in e)
+    report = json.loads(text[text.index("REPORT") + len("REPORT"):].split("\n")[0].rstrip("'\")"))
+    assert report["CapEff"] == 0, report
+    if os.getuid() == 0:
+        assert report["uid"] == sandbox.SANDBOX_UID and report["CapBnd"] == 0, report
+    succeeded = [name for name in ATTEMPTS if report[name] == "ok"]
+    assert not succeeded, f"these escapes worked inside the sandbox: {succeeded} ({report})"
+    assert [r["points"] for r in data["rows"]] == [0]
+    assert not (solutions.parent / "planted.py").exists()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="started by another user, bwrap is unprivileged anyway")
+def test_the_grader_refuses_a_sandbox_that_keeps_privileges(tiny_release, tmp_path, monkeypatch, capsys):
+    """If the probe finds the sandbox privileged (here: root's sandbox without the drop), grade
+    refuses and says why rather than grading in a sandbox a notebook could leave."""
+    release, solutions = tiny_release
+    tiny_submission(tmp_path / "subs", "ann", "return x * x")
+    monkeypatch.setattr(sandbox, "_bwrap_ok", None)
+    monkeypatch.setattr(sandbox, "_drop_env", lambda: {})
+    try:
+        status = grade([str(tmp_path / "subs")], release=str(release), hidden_from=str(solutions), workers=1)
+        err = capsys.readouterr().err
+    finally:
+        monkeypatch.setattr(sandbox, "_bwrap_ok", None)
+    assert status == 2, err
+    assert "could not drop privileges" in err and "CapEff" in err, err
