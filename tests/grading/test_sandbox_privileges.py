@@ -105,3 +105,48 @@ def test_the_grader_refuses_a_sandbox_that_keeps_privileges(tiny_release, tmp_pa
         monkeypatch.setattr(sandbox, "_bwrap_ok", None)
     assert status == 2, err
     assert "could not drop privileges" in err and "CapEff" in err, err
+
+
+HOARD = '''
+import os, time
+kids = []
+for _ in range(3):                    # three processes, each well under the per-process limit
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(200 << 20)  # touched: resident
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        time.sleep(60)
+        os._exit(0)
+    kids.append(pid)
+time.sleep(30)
+'''
+
+FILL = '''
+with open("/tmp/fill", "wb") as f:
+    for _ in range(64):
+        f.write(b"x" * (1 << 20))
+'''
+
+
+def test_a_notebook_is_held_to_its_totals_and_its_row_says_so(tiny_release, tmp_path):
+    """Memory is bounded per notebook, not only per process (three 200 MB children against a 400 MB
+    total), and its /tmp is a tmpfs of disk_bytes (64 MB written into 16 MB); each row names the limit."""
+    from gpucourse.grading.grade import Options
+    from gpucourse.grading.sandbox import Limits
+
+    release, solutions = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "hoarder", "return x * x", extra=[HOARD], before=True)
+    tiny_submission(subs, "filler", "return x * x", extra=[FILL], before=True)
+    out = tmp_path / "g.json"
+    limits = Limits(total_memory_bytes=400 << 20, disk_bytes=16 << 20)
+    grade([str(subs)], release=str(release), hidden_from=str(solutions), workers=2, json_path=str(out),
+          quiet=True, options=Options(cell_timeout=120, notebook_timeout=200, limits=limits))
+    data = json.loads(out.read_text())
+    rows = {r["student"]: r for r in data["rows"]}
+    assert rows["hoarder"]["points"] == 0 and "memory limit" in rows["hoarder"]["error"], rows["hoarder"]
+    notebook = {n["student"]: n for n in data["notebooks"]}
+    assert "memory limit" in notebook["hoarder"]["problem"]
+    assert "disk limit" in notebook["filler"]["problem"] or any(
+        "No space left" in e for e in notebook["filler"]["other_errors"]), notebook["filler"]
