@@ -188,6 +188,10 @@ class Judges:
         self._cases: dict[str, dict] = {}
         self._lock = threading.Lock()
         self._chapter_locks: dict[str, threading.Lock] = {}
+        self._builds: dict[tuple, Path] = {}
+        self._build_locks: dict[tuple, threading.Lock] = {}
+        self._build_root: str | None = None
+        self._exercises_of: dict[str, dict] = {}
 
     def get(self, chapter: str):
         from .harness import JudgeProcess
@@ -221,9 +225,36 @@ class Judges:
         except TimeoutError:
             return {"passed": False, "message": f"{slot}: the values could not be compared within 600 s"}
 
+    def plan(self, chapter: str, submitted: dict[str, list[str]]) -> dict:
+        """The judge's plan of runs for one submission (see :mod:`.graded_build`)."""
+        plan = self.get(chapter).request({"op": "plan", "submitted": submitted}, timeout=300)
+        self._exercises_of.setdefault(chapter, {}).update(plan.get("exercises_of", {}))
+        return plan
+
+    def build(self, chapter: str, strip: tuple[str, ...]) -> Path:
+        """The graded build without ``strip`` (made once per grading run, by the chapter's judge)."""
+        key = (chapter, tuple(sorted(strip)))
+        with self._lock:
+            lock = self._build_locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._builds:
+                if self._build_root is None:
+                    self._build_root = tempfile.mkdtemp(prefix="gpucourse-builds-")
+                root = Path(self._build_root) / f"{chapter}-{len(self._builds)}"
+                root.mkdir()
+                reply = self.get(chapter).request({"op": "build", "strip": list(key[1]), "root": str(root),
+                                                   "exercises_of": self._exercises_of.get(chapter, {})},
+                                                  timeout=300)
+                self._builds[key] = Path(reply["path"])
+            return self._builds[key]
+
     def close(self) -> None:
         for judge in self._judges.values():
             judge.close()
+        if self._build_root is not None:
+            import shutil
+
+            shutil.rmtree(self._build_root, ignore_errors=True)
 
 
 def find_solutions(chapter: str) -> Path | None:
@@ -309,14 +340,21 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
             # the kernel gets its cases and nothing else: not the run's seed, not the check's title
             jobs[slot.index] = {"slot": slot.key, "payload": json.dumps(
                 {k: payload[k] for k in KERNEL_PAYLOAD if k in payload})}
-    work = Path(tempfile.mkdtemp(prefix="sub-", dir=work_root))
-    job = {"notebook": nbformat.writes(run), "slots": jobs, "cwd": str(cwd or work),
-           "cell_timeout": options.cell_timeout, "notebook_timeout": options.notebook_timeout,
-           "output_limit": options.limits.output_bytes}
-    # the student's own copy, for relative paths (written by the shepherd, inside the sandbox's tmpfs)
-    record = run_job(job, work=work, limits=options.limits, mode=mode,
-                     wall=options.notebook_timeout + 180, hide=options.hide,
-                     files={sub.path.name: sub.data})
+    # with bwrap, an exercise that forbids a helper is checked in a run whose package lacks it
+    runs = _plan(judges, release.chapter, nb, release) if mode == "bwrap" else [((), list(release.checks))]
+    records = []
+    for strip, members in runs:
+        package = judges.build(release.chapter, strip) if strip else None
+        mine = {i: j for i, j in jobs.items() if j["slot"].split("/")[0] in members}
+        work = Path(tempfile.mkdtemp(prefix="sub-", dir=work_root))
+        job = {"notebook": nbformat.writes(run), "slots": mine, "cwd": str(cwd or work),
+               "cell_timeout": options.cell_timeout, "notebook_timeout": options.notebook_timeout,
+               "output_limit": options.limits.output_bytes}
+        # the student's own copy, for relative paths (written by the shepherd, inside the sandbox's tmpfs)
+        records.append((mine, run_job(job, work=work, limits=options.limits, mode=mode,
+                                      wall=options.notebook_timeout + 180, hide=options.hide,
+                                      files={sub.path.name: sub.data}, package=package)))
+    record = _merge_records(records)
     results = [_judge_slot(slot, record, judges, release.chapter, slots_of_judge, nb) for slot in slots]
     graded_cells = {s.index for s in slots}
     cells = record["cells"]
@@ -340,6 +378,42 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
                         round(vis["seconds"] + sum(r["seconds"] for r in hid), 3), error, flag, "graded",
                         message))
     return Graded(sub, rows, "graded", others, problem, record)
+
+
+def _plan(judges: "Judges", chapter: str, nb, release: Release) -> list[tuple[tuple, list[str]]]:
+    """The runs this submission is graded in: (helpers stripped from the package, exercises)."""
+    submitted = {cid: _answer_sources(nb, cid) for cid in release.checks}
+    plan = judges.plan(chapter, submitted)
+    runs = [(tuple(strip), members) for strip, members in plan["runs"]]
+    covered = {e for _, members in runs for e in members}
+    missing = [cid for cid in release.checks if cid not in covered]     # a check the judge does not know
+    if missing:
+        runs.insert(0, ((), missing))
+    return runs
+
+
+def _merge_records(records: list[tuple[dict, dict]]) -> dict:
+    """One record from a notebook's runs: each graded cell from the run that graded it; the other
+    cells (errors of ordinary cells) from the run with the fewest helpers stripped (the first)."""
+    (_, first), = records[:1]
+    merged = dict(first, cells=list(first["cells"]), values={})
+    fatal, hits = [], []
+    for jobs, rec in records:
+        for index, job in jobs.items():
+            if 0 <= index < len(rec["cells"]):
+                while len(merged["cells"]) <= index:
+                    merged["cells"].append({"status": "not run", "error": "", "message": "", "seconds": 0.0})
+                merged["cells"][index] = rec["cells"][index]
+            if job["slot"] in rec.get("values", {}):
+                merged["values"][job["slot"]] = rec["values"][job["slot"]]
+        fatal.append(rec.get("fatal", ""))
+        hits += rec.get("limits_hit", [])
+    merged["fatal"] = "; ".join(dict.fromkeys(filter(None, fatal)))
+    merged["limits_hit"] = list(dict.fromkeys(hits))
+    merged["wall_seconds"] = round(sum(rec.get("wall_seconds", 0.0) for _, rec in records), 3)
+    merged["leftovers_killed"] = sum(rec.get("leftovers_killed", 0) for _, rec in records)
+    merged["runs"] = len(records)
+    return merged
 
 
 def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: dict, nb) -> dict:

@@ -58,6 +58,7 @@ class Judge:
         import nbformat
 
         nb = nbformat.read(self.path, as_version=4)
+        self.nb = nb
         shell = InteractiveShell.instance()
         module = types.ModuleType("__main__")          # this chapter's own globals
         shell.user_module, shell.user_ns = module, module.__dict__
@@ -99,6 +100,18 @@ class Judge:
     def slots(self) -> list[dict]:
         return [{"slot": s.slot, "exercise": s.exercise, "kind": s.kind, "title": s.title,
                  "forbid": list(s.forbid)} for s in self.specs.values()]
+
+    def plan(self, submitted: dict | None = None) -> dict:
+        """The notebook runs a submission is graded in (see :mod:`.graded_build`)."""
+        from . import graded_build
+
+        return graded_build.plan_for(self.nb, self.specs, submitted)
+
+    def build(self, strip: list[str], exercises_of: dict, root: str) -> str:
+        """A copy of the package without the helpers in ``strip``, under ``root``."""
+        from . import graded_build
+
+        return str(graded_build.build(tuple(strip), exercises_of, Path(root)))
 
     def _spec(self, slot: str) -> harness.Spec:
         spec = self.specs.get(slot)
@@ -227,6 +240,10 @@ def main(argv=None) -> int:
                          "solutions": str(judge.path)}
             elif op == "cases":
                 reply = judge.cases(msg["slot"], msg.get("seed"))
+            elif op == "plan":
+                reply = judge.plan(msg.get("submitted"))
+            elif op == "build":
+                reply = {"path": judge.build(msg["strip"], msg.get("exercises_of", {}), msg["root"])}
             elif op == "compare":
                 reply = judge.compare(msg["slot"], int(msg["seed"]), msg["values"])
             else:

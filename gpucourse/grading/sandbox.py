@@ -285,7 +285,10 @@ def _parent_dirs(path: Path, mounted: list[str], made: set[str]) -> list[str]:
     return argv
 
 
-def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None) -> list[str]:
+def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None,
+                package: Path | None = None) -> list[str]:
+    """bwrap's arguments. ``package``: a graded build (:mod:`.graded_build`) to show, read-only, where
+    the course's package is — the kernel then cannot reach the original at all."""
     limits = limits or Limits()
     argv = [shutil.which("bwrap") or "bwrap"]
     for d in SYSTEM_DIRS:
@@ -302,7 +305,8 @@ def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None) -
     made: set[str] = set()
     for path in shown:
         if not any(str(path) == d or str(path).startswith(d + "/") for d in SYSTEM_DIRS if not os.path.islink(d)):
-            argv += _parent_dirs(path, mounted, made) + ["--ro-bind", str(path), str(path)]
+            source = package if package is not None and path == _GRADING_DIR.parent else path
+            argv += _parent_dirs(path, mounted, made) + ["--ro-bind", str(source), str(path)]
             mounted.append(str(path))
     for h in hide:                       # e.g. a solutions folder that lives inside the environment
         h = h.resolve()
@@ -326,7 +330,8 @@ def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None) -
 
 
 def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
-            hide: list[Path] = (), files: dict[str, bytes] | None = None) -> dict:
+            hide: list[Path] = (), files: dict[str, bytes] | None = None,
+            package: Path | None = None) -> dict:
     """Run one notebook job in a shepherd (in ``bwrap`` when ``mode == "bwrap"``); return its record.
 
     ``job`` holds the run notebook and engine options; ``files`` (name → bytes) are written into the
@@ -348,7 +353,7 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
     env["GPUCOURSE_RESULT_FD"] = str(write_fd)
     argv = [sys.executable, "-c", _BOOT, str(_GRADING_DIR)]
     if mode == "bwrap":
-        argv = _bwrap_argv(work, list(hide), limits=limits) + argv
+        argv = _bwrap_argv(work, list(hide), limits=limits, package=package) + argv
         env["TMPDIR"] = "/tmp"            # its own, empty (a TMPDIR from outside does not exist there)
         env.update(_drop_env())
     log = open(work / ".shepherd.log", "wb")

@@ -1,0 +1,355 @@
+"""The package a graded kernel imports: the course's own, less the helpers an exercise forbids.
+
+An exercise that says "write ``gc.scatter`` yourself" used to be guarded by a gate inside the
+student's kernel: a check that swapped the helper's code for one that raises. Whatever guards the
+kernel from inside can be switched off from inside (a thread pool hid the caller, the gate kept the
+original in a table, ``importlib.reload`` brought it back). So the grader removes the helper instead:
+
+::
+
+    grade ──► plan_runs(chapter): the exercises in groups; each group strips the gc.* helpers its
+              │                   exercises forbid, and none that an exercise of the group needs
+              ├─► build(stripped) : a copy of gpucourse/ in which each stripped function — or every
+              │                     method of a stripped class — raises ForbiddenCall; nothing else
+              │                     of it is left (no body, no docstring, no bytecode cache)
+              └─► the notebook runs once per group, in bwrap, with that copy bound read-only where
+                  the package is; only that group's checks are collected from that run
+
+So while an exercise that forbids ``gc.X`` is checked, ``gc.X``'s implementation is not in the
+kernel's reach at all: not on disk, not in memory. What remains is copying its source *text* into
+the notebook, which the grader cannot tell from writing it (the README says so).
+
+Example::
+
+    >>> plan_runs({"02.1": {"gc.chunk_sizes_of"}, "02.2": {"gc.scatter"}, "02.3": {"gc.gather"},
+    ...            "02.4": set(), "02.5": set()},
+    ...           {"02.2": {"gc.chunk_sizes_of"}, "02.5": {"gc.scatter", "gc.gather"}})
+    [((), ['02.5']), (('gc.chunk_sizes_of', 'gc.gather'), ['02.1', '02.3', '02.4']), (('gc.scatter',), ['02.2'])]
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["build", "plan_runs", "names_used", "strippable"]
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+_NAME = re.compile(r"^gc\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
+
+
+def strippable(name: str) -> bool:
+    """Whether ``name`` (``"gc.scatter"``, ``"gc.DistEnv.to_environ"``) is a course helper that a
+    graded build can leave out (PyTorch's own functions cannot be: they stay behind the runtime gate)."""
+    return bool(_NAME.match(name))
+
+
+def plan_runs(forbids: dict[str, set[str]], needs: dict[str, set[str]]
+              ) -> list[tuple[tuple[str, ...], list[str]]]:
+    """Group exercises into as few notebook runs as possible.
+
+    ``forbids[e]``: the strippable helpers exercise ``e`` forbids; ``needs[e]``: the helpers its
+    check and its answer use (directly or through other course code). A run strips the union of its
+    exercises' forbids, and none of its exercises may need a stripped helper; an exercise that
+    forbids nothing joins the first run it is compatible with (a run with nothing stripped if none).
+    """
+    runs: list[tuple[set[str], list[str]]] = []
+    for exercise in forbids:
+        f = set(forbids[exercise])
+        if not f:
+            continue
+        for strip, members in runs:
+            union = strip | f
+            if all(not (needs.get(m, set()) & union) for m in [*members, exercise]):
+                strip |= f
+                members.append(exercise)
+                break
+        else:
+            runs.append((f, [exercise]))
+    for exercise in forbids:
+        if forbids[exercise]:
+            continue
+        home = next((members for strip, members in runs if not (needs.get(exercise, set()) & strip)), None)
+        if home is None:
+            runs.insert(0, (set(), []))
+            home = runs[0][1]
+        home.append(exercise)
+    order = list(forbids)
+    return [(tuple(sorted(strip)), sorted(members, key=order.index)) for strip, members in runs]
+
+
+def names_used(sources: list[str], candidates: set[str]) -> set[str]:
+    """Which of ``candidates`` (``"gc.X"``) the code in ``sources`` names (attribute, name or import).
+
+    Example::
+
+        >>> sorted(names_used(["y = gc.scatter(x)", "from gpucourse import gather"], {"gc.scatter",
+        ...        "gc.gather", "gc.MoE"}))
+        ['gc.gather', 'gc.scatter']
+    """
+    short = {c.split(".")[1]: c for c in candidates}
+    found: set[str] = set()
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            name = (node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name)
+                    else node.name.split(".")[-1] if isinstance(node, ast.alias) else None)
+            if name in short:
+                found.add(short[name])
+    return found
+
+
+def _target(name: str) -> tuple[Path, list[str]]:
+    """(file of the module that defines ``gc.X``, its qualified name split) for a helper name."""
+    import gpucourse
+
+    parts = name.split(".")[1:]
+    obj = getattr(gpucourse, parts[0])
+    module = importlib.import_module(obj.__module__)
+    qual = [*getattr(obj, "__qualname__", parts[0]).split("."), *parts[1:]]
+    return Path(module.__file__).resolve(), qual
+
+
+def _stub(node, message: str):
+    """``node`` (a def) with its body replaced by one ``raise`` — no docstring, no code of its own."""
+    raise_ = ast.parse(f"raise __import__('gpucourse.grading.harness', fromlist=['ForbiddenCall'])"
+                       f".ForbiddenCall({message!r})").body[0]
+    node.body = [raise_]
+    node.returns = None
+    return node
+
+
+class _Strip(ast.NodeTransformer):
+    def __init__(self, targets: dict[tuple[str, ...], str]):
+        self.targets, self.path, self.done = targets, [], set()
+
+    def _visit_def(self, node):
+        self.path.append(node.name)
+        here = tuple(self.path)
+        try:
+            if here in self.targets:
+                self.done.add(here)
+                if isinstance(node, ast.ClassDef):
+                    return self._strip_class(node, self.targets[here])
+                return _stub(node, self.targets[here])
+            if isinstance(node, ast.ClassDef):
+                self.generic_visit(node)
+            return node
+        finally:
+            self.path.pop()
+
+    def _strip_class(self, node, message):
+        """Every method raises (``__init__`` too, added where the class had none — a dataclass's
+        generated one is then not made); the class itself stays, so imports and ``isinstance`` work."""
+        body = []
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                item.decorator_list = [d for d in item.decorator_list
+                                       if not (isinstance(d, ast.Name) and d.id in ("property",))]
+                body.append(_stub(item, message))
+            elif isinstance(item, ast.Expr) and isinstance(getattr(item, "value", None), ast.Constant):
+                continue                                            # the docstring
+            else:
+                body.append(item)
+        if not any(isinstance(i, ast.FunctionDef) and i.name == "__init__" for i in body):
+            body.append(_stub(ast.parse("def __init__(self, *args, **kwargs): pass").body[0], message))
+        node.body = body
+        return node
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _visit_def
+
+
+def build(stripped, exercises_of: dict[str, list[str]], root: Path) -> Path:
+    """``root/gpucourse``: the package with each helper in ``stripped`` raising ``ForbiddenCall``.
+
+    ``exercises_of[name]``: the exercises that forbid it (named in the message). Checked by importing
+    the copy in a fresh interpreter: a helper the package needs at import time cannot be stripped,
+    and that is the course's bug to fix, reported here.
+    """
+    dest = root / "gpucourse"
+    if dest.exists():
+        return dest
+    shutil.copytree(_PACKAGE, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    by_file: dict[Path, dict[tuple[str, ...], str]] = {}
+    for name in sorted(stripped):
+        path, qual = _target(name)
+        which = ", ".join(exercises_of.get(name, [])) or "this notebook"
+        message = (f"{name} is off limits in exercise {which}: the exercise asks you to write it "
+                   "yourself (the package this notebook is graded with does not contain it)")
+        by_file.setdefault(path, {})[tuple(qual)] = message
+    for path, targets in by_file.items():
+        tree = ast.parse(path.read_text())
+        strip = _Strip(targets)
+        tree = ast.fix_missing_locations(strip.visit(tree))
+        missing = set(targets) - strip.done
+        if missing:
+            raise RuntimeError(f"graded build: {', '.join('.'.join(m) for m in missing)} not found in {path}")
+        (dest / path.relative_to(_PACKAGE)).write_text(ast.unparse(tree) + "\n")
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    probe = subprocess.run([sys.executable, "-c", "import gpucourse"], env=env, cwd=root,
+                           capture_output=True, text=True, timeout=300)
+    if probe.returncode != 0:
+        tail = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        raise RuntimeError(f"graded build without {', '.join(sorted(stripped))} does not import: {tail}")
+    return dest
+
+
+# --- what each exercise needs (in the judge, which has the course's solutions and the package) ----
+
+def _public() -> dict[int, str]:
+    import gpucourse
+
+    return {id(getattr(gpucourse, n)): f"gc.{n}" for n in dir(gpucourse)
+            if not n.startswith("_") and callable(getattr(gpucourse, n, None))}
+
+
+def _course_callables(obj) -> list:
+    """The functions ``obj`` consists of: itself, or a class's methods (its course bases' too)."""
+    import inspect
+
+    if inspect.isclass(obj):
+        out = []
+        for klass in obj.__mro__:
+            if getattr(klass, "__module__", "").startswith("gpucourse."):
+                for member in vars(klass).values():
+                    member = getattr(member, "__func__", member)
+                    member = getattr(member, "fget", member)
+                    if inspect.isfunction(member):
+                        out.append(member)
+        return out
+    return [obj] if inspect.isfunction(obj) else []
+
+
+def reachable(names: set[str]) -> set[str]:
+    """Every public ``gc.*`` helper that calling ``names`` can reach through the package's own code
+    (names looked up in each function's globals, so ``scatter(...)`` inside DataParallel is
+    ``gc.scatter`` and a learner's own ``scatter`` is not).
+
+    Example::
+
+        >>> "gc.scatter" in reachable({"gc.DataParallel"}), "gc.MoE" in reachable({"gc.scatter"})
+        (True, False)
+    """
+    import inspect
+    import textwrap
+
+    import gpucourse
+
+    public = _public()
+    found, seen, read = set(names), set(), set()
+    todo = [getattr(gpucourse, n.split(".")[1], None) for n in names]
+    while todo:
+        obj = todo.pop()
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        for fn in _course_callables(obj):
+            if not getattr(fn, "__module__", "").startswith("gpucourse.") or id(fn) in read:
+                continue
+            read.add(id(fn))
+            try:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+            except (OSError, TypeError, SyntaxError):
+                continue
+            g = fn.__globals__
+            for node in ast.walk(tree):
+                target = None
+                if isinstance(node, ast.Name):
+                    target = g.get(node.id)
+                elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                    base = g.get(node.value.id)
+                    if inspect.ismodule(base) and base.__name__.startswith("gpucourse"):
+                        target = getattr(base, node.attr, None)
+                if target is None or not (inspect.isfunction(target) or inspect.isclass(target)):
+                    continue
+                if id(target) in public:
+                    found.add(public[id(target)])
+                if getattr(target, "__module__", "").startswith("gpucourse."):
+                    todo.append(target)
+    return found
+
+
+def chapter_needs(nb) -> tuple[set[str], dict[str, set[str]]]:
+    """(what the set-up needs, exercise → what its section needs): the ``gc.*`` helpers the
+    solutions notebook's code names, as ``gc.X`` or imported from the package, and all they reach."""
+    from .exercises import EXERCISE_HEADING
+
+    import gpucourse
+
+    candidates = {f"gc.{n}" for n in dir(gpucourse) if not n.startswith("_")}
+    setup: list[str] = []
+    sections: dict[str, list[str]] = {}
+    current = None
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            ids = [m["id"] for m in EXERCISE_HEADING.finditer(cell.source)]
+            if ids:
+                current = ids[0]
+            continue
+        if cell.cell_type == "code":
+            (sections.setdefault(current, []) if current else setup).append(cell.source)
+    direct = {e: _named_as_gc(srcs, candidates) for e, srcs in sections.items()}
+    return reachable(_named_as_gc(setup, candidates)), {e: reachable(n) for e, n in direct.items()}
+
+
+def _named_as_gc(sources: list[str], candidates: set[str]) -> set[str]:
+    """``gc.X`` / ``gpucourse.X`` attributes and ``from gpucourse import X`` in notebook code."""
+    found = set()
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in ("gc", "gpucourse") and f"gc.{node.attr}" in candidates):
+                found.add(f"gc.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gpucourse":
+                found.update(f"gc.{a.name}" for a in node.names if f"gc.{a.name}" in candidates)
+    return found
+
+
+_NEEDS: dict[int, tuple] = {}
+
+
+def plan_for(nb, specs: dict, submitted: dict[str, list[str]] | None = None) -> dict:
+    """The judge's answer to a ``plan`` request: the runs a submission is graded in.
+
+    ``nb``: the course's solutions notebook; ``specs``: the judge's checks; ``submitted``: exercise →
+    the code cells of the submission's section (they may add needs — a learner's honest answer that
+    builds on a helper another exercise forbids is graded in a run that keeps it — but never remove
+    what an exercise forbids: that comes from the course alone).
+    """
+    if id(nb) not in _NEEDS:
+        _NEEDS[id(nb)] = chapter_needs(nb)
+    setup, needs = _NEEDS[id(nb)]
+    needs = {e: set(n) for e, n in needs.items()}
+    import gpucourse
+
+    candidates = {f"gc.{n}" for n in dir(gpucourse) if not n.startswith("_")}
+    forbids, gated = {}, {}
+    for spec in specs.values():
+        if spec.kind != "visible":
+            continue
+        names = {n for n in spec.forbid if strippable(n)}
+        # what the set-up or the exercise's own check needs cannot be stripped while it runs
+        keep = names & (setup | needs.get(spec.exercise, set()))
+        forbids[spec.exercise] = names - keep
+        gated[spec.exercise] = sorted(keep | {n for n in spec.forbid if not strippable(n)})
+    for exercise, sources in (submitted or {}).items():
+        if exercise in forbids:
+            needs[exercise] = needs.get(exercise, set()) | (
+                reachable(_named_as_gc(sources, candidates)) - forbids[exercise])
+    runs = plan_runs(forbids, needs)
+    return {"runs": [[list(strip), members] for strip, members in runs], "gated": gated,
+            "exercises_of": {n: sorted(e for e, f in forbids.items() if n in f)
+                             for strip, _ in runs for n in strip}}
