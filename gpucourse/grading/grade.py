@@ -20,10 +20,12 @@ could not be graded (unreadable, not a notebook, wrong chapter).
 from __future__ import annotations
 
 import ast
+import errno
 import json
 import os
 import random
 import re
+import stat
 import sys
 import tempfile
 import threading
@@ -35,7 +37,8 @@ from pathlib import Path
 import nbformat
 
 from .exercises import EXERCISE_HEADING
-from .gradebook import Row, earned, summary_table, write_csv, write_feedback, write_json
+from .gradebook import (ERROR_LIMIT, NAME_LIMIT, Row, cut, earned, printable, summary_table, write_csv,
+                        write_feedback, write_json)
 from .restore import NotANotebook, Release, Slot, chapter_of, load_releases, parse_notebook, restore
 from .sandbox import Limits, describe, isolation, run_job
 
@@ -52,6 +55,7 @@ class Submission:
     path: Path
     data: bytes | None = None
     problem: str = ""
+    file_id: tuple = ()         # (device, inode) of the file read: the same file named twice is one
 
 
 @dataclass
@@ -65,6 +69,15 @@ class Options:
 
 _COURSE_NAME = re.compile(r"^\d{2}_")
 
+# a submission is opened without following a link (O_NOFOLLOW: the open fails on a symbolic link,
+# so one swapped in after the folder was listed is refused too), without blocking on a FIFO
+# (O_NONBLOCK), and then checked to be a regular file (fstat)
+_OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+_OPEN_DIR = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_NONBLOCK | os.O_CLOEXEC
+_LINK_ERRORS = {errno.ELOOP, errno.EMLINK}        # what O_NOFOLLOW raises on a link (Linux, BSD)
+MAX_NESTED_REPORTED = 20                          # refused notebooks listed per student folder
+MAX_ENTRIES_WALKED = 10_000                       # entries looked at below one student folder
+
 
 def student_of(path: Path, given: Path) -> str:
     """Who handed in ``path``, found under the command-line argument ``given``.
@@ -76,6 +89,10 @@ def student_of(path: Path, given: Path) -> str:
         subs/                 subs/alice/00_….ipynb → alice     subs/alice.ipynb → alice
         subs/*  (subs/alice)  subs/alice/00_….ipynb → alice
         subs/alice/00_….ipynb (a file)              → alice      subs/alice.ipynb (a file) → alice
+
+    A notebook deeper than a student's folder (``subs/carol/week1/00_….ipynb``) is carol's: it is
+    *refused* in carol's row (:func:`discover`: one student per folder; a folder inside carol's is
+    never another student), never graded as ``week1``.
 
     Example::
 
@@ -91,41 +108,255 @@ def student_of(path: Path, given: Path) -> str:
         return rel.parts[0]
     if _COURSE_NAME.match(path.name):              # a course notebook: the folder it is in
         folder = given if given.is_dir() else path.parent
-        return folder.resolve().name
+        return Path(os.path.abspath(folder)).name
     return path.stem
+
+
+def _is_link_error(e: OSError) -> bool:
+    return e.errno in _LINK_ERRORS
+
+
+def _read_regular(student: str, path: Path, name: str, dir_fd: int | None) -> Submission:
+    """The submission ``path``, read from the regular file ``name`` in the folder open as ``dir_fd``
+    (never through a link), or refused with the reason."""
+    shown = path.name
+    try:
+        fd = os.open(name, _OPEN_FILE, dir_fd=dir_fd)
+    except OSError as e:
+        if _is_link_error(e):
+            return Submission(student, path, problem=f"not graded: {shown} is a symbolic link")
+        return Submission(student, path, problem=f"unreadable: {shown}: {e.strerror or e}")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return Submission(student, path, problem=f"not graded: {shown} is not a regular file")
+        too_big = f"unreadable: {shown} is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
+        if st.st_size > MAX_NOTEBOOK_BYTES:
+            return Submission(student, path, problem=too_big)
+        chunks, size = [], 0
+        while size <= MAX_NOTEBOOK_BYTES:
+            chunk = os.read(fd, min(1 << 20, MAX_NOTEBOOK_BYTES + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_NOTEBOOK_BYTES:                  # it grew while being read
+            return Submission(student, path, problem=too_big)
+        return Submission(student, path, b"".join(chunks), file_id=(st.st_dev, st.st_ino))
+    except OSError as e:
+        return Submission(student, path, problem=f"unreadable: {shown}: {e.strerror or e}")
+    finally:
+        os.close(fd)
+
+
+def _open_dir(name: str, dir_fd: int | None = None) -> int:
+    """A folder opened without following a link: OSError with ELOOP when ``name`` is a link (Linux
+    says ENOTDIR for a link opened with O_NOFOLLOW | O_DIRECTORY), ENOTDIR when it is no folder."""
+    try:
+        return os.open(name, _OPEN_DIR, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ENOTDIR:
+            try:
+                linked = stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+            except OSError:
+                linked = False
+            if linked:
+                raise OSError(errno.ELOOP, f"{name} is a symbolic link") from None
+        raise
+
+
+def _entries(fd: int) -> list[os.DirEntry]:
+    """The folder's entries by name, hidden ones (``.ipynb_checkpoints``, ``.git``) left out."""
+    with os.scandir(fd) as it:
+        return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+
+
+def _is_notebook_name(name: str) -> bool:
+    return name.endswith(".ipynb")
+
+
+def _linked(student: str, path: Path) -> Submission:
+    return Submission(student, path, problem=f"not graded: {path.name} is a symbolic link")
+
+
+def _nested(fd: int, top: str, budget: list[int]) -> list[str]:
+    """``top``-relative paths of the notebooks anywhere below the folder open as ``fd`` (links are
+    listed, never followed), at most :data:`MAX_NESTED_REPORTED`, looking at a bounded number of
+    entries."""
+    found, stack = [], [(fd, top)]
+    try:
+        while stack and len(found) < MAX_NESTED_REPORTED:
+            dfd, rel = stack.pop()
+            try:
+                entries = _entries(dfd)
+            except OSError:
+                entries = []
+            for entry in entries:
+                budget[0] -= 1
+                if budget[0] < 0 or len(found) >= MAX_NESTED_REPORTED:
+                    break
+                if _is_notebook_name(entry.name):
+                    found.append(f"{rel}/{entry.name}")
+                elif entry.is_dir(follow_symlinks=False):
+                    try:
+                        stack.append((_open_dir(entry.name, dfd), f"{rel}/{entry.name}"))
+                    except OSError:
+                        pass
+            if dfd != fd:
+                os.close(dfd)
+    finally:
+        for dfd, _ in stack:
+            if dfd != fd:
+                os.close(dfd)
+    return sorted(found)
+
+
+def _student_folder(fd: int, student: str, folder: Path) -> list[Submission]:
+    """One student's folder (open as ``fd``): the notebooks at its top, read; a link or a notebook
+    in a folder inside it, refused in the student's name."""
+    subs, refused, budget = [], [], [MAX_ENTRIES_WALKED]
+    for entry in _entries(fd):
+        path = folder / entry.name
+        if entry.is_symlink():
+            if _is_notebook_name(entry.name):
+                refused.append(_linked(student, path))
+        elif entry.is_dir(follow_symlinks=False):
+            try:
+                sub_fd = _open_dir(entry.name, fd)
+            except OSError as e:
+                if _is_link_error(e):                  # became a link after the listing
+                    refused.append(_linked(student, path))
+                continue
+            try:
+                inside = _nested(sub_fd, entry.name, budget)
+            finally:
+                os.close(sub_fd)
+            for rel in inside:
+                refused.append(Submission(student, folder / rel, problem=(
+                    f"not graded: {rel} is in a folder inside {student}'s folder (a student's notebooks "
+                    "go at the top of their own folder: one student per folder)")))
+        elif _is_notebook_name(entry.name):
+            subs.append(_read_regular(student, path, entry.name, fd))
+    return subs + refused
+
+
+def _class_folder(fd: int, folder: Path) -> list[Submission]:
+    """A class folder (open as ``fd``): each folder in it is one student's, each other notebook
+    in it a student's own (flat: ``alice.ipynb``)."""
+    subs = []
+    for entry in _entries(fd):
+        path = folder / entry.name
+        if entry.is_symlink():                          # a student's folder or notebook, or dangling
+            student = student_of(path, folder) if _is_notebook_name(entry.name) else entry.name
+            subs.append(_linked(student, path))
+        elif entry.is_dir(follow_symlinks=False):
+            try:
+                student_fd = _open_dir(entry.name, fd)
+            except OSError as e:
+                if _is_link_error(e):
+                    subs.append(_linked(entry.name, path))
+                else:
+                    subs.append(Submission(entry.name, path, problem=f"unreadable: {entry.name}: "
+                                                                     f"{e.strerror or e}"))
+                continue
+            try:
+                subs += _student_folder(student_fd, entry.name, path)
+            finally:
+                os.close(student_fd)
+        elif _is_notebook_name(entry.name):
+            subs.append(_read_regular(student_of(path, folder), path, entry.name, fd))
+    return subs
+
+
+def _holds_a_course_notebook(fd: int) -> bool:
+    return any(_COURSE_NAME.match(e.name) and _is_notebook_name(e.name)
+               and not e.is_dir(follow_symlinks=False) for e in _entries(fd))
+
+
+def _file_argument(arg: Path) -> list[Submission]:
+    """A notebook named on the command line: ``subs/alice/00_….ipynb`` is alice's (her folder may
+    not be a link either), ``subs/alice.ipynb`` is alice's."""
+    student = student_of(arg, arg)
+    if _COURSE_NAME.match(arg.name):
+        parent = Path(os.path.abspath(arg)).parent
+        try:
+            fd = _open_dir(str(parent))
+        except OSError as e:
+            if _is_link_error(e):
+                return [Submission(student, arg, problem=f"not graded: {parent.name} is a symbolic link")]
+            return [Submission(student, arg, problem=f"unreadable: {arg.name}: {e.strerror or e}")]
+        try:
+            return [_read_regular(student, arg, arg.name, fd)]
+        finally:
+            os.close(fd)
+    return [_read_regular(student, arg, str(arg), None)]
+
+
+def _folder_argument(arg: Path, fd: int, among_siblings: bool) -> list[Submission]:
+    """A folder named on the command line: one student's (``subs/alice``: one of several folders of
+    one class named together, as ``subs/*`` names them, or a folder with a course notebook at its
+    top), else a class folder (``subs``)."""
+    if among_siblings or _holds_a_course_notebook(fd):
+        return _student_folder(fd, Path(os.path.abspath(arg)).name or "student", arg)
+    return _class_folder(fd, arg)
 
 
 def discover(paths: list[str]) -> list[Submission]:
     """Every ``*.ipynb`` under the given files/folders, read into memory now (see :func:`student_of`).
 
-    A student who hands in the same chapter twice gets both graded and a problem naming both files.
+    A class's folder is the students' to fill, and nothing in it is trusted:
+
+    * one student per folder: a folder named on the command line is one student's when it is one of
+      several named from the same folder (``grade subs/*``) or holds a course notebook at its top
+      (``grade subs/alice``), otherwise the class's (``grade subs``), whose folders are one student
+      each. Only the notebooks at the top of a student's folder are graded; one in a folder inside
+      it (``subs/aaron/zoe/00_….ipynb``) is refused in that student's row, never graded as ``zoe``;
+    * no symbolic link is followed below what the command line names (nor the folder or file it
+      names): a linked notebook or student folder is refused ("not graded: … is a symbolic link").
+      Files are opened with ``O_NOFOLLOW`` relative to their folder's open descriptor, so a link
+      swapped in after the listing is refused too, and must be regular files (not a FIFO or device);
+    * the same file named twice for the same student (``grade subs subs/alice``) is read once; a
+      file that two students both hand in (a hard link) is each student's own row.
+
+    A student who hands in the same chapter twice gets both listed and a problem naming both files.
     """
     subs: list[Submission] = []
-    done: set[Path] = set()
-    for arg in map(Path, paths):
-        files = ([arg] if arg.is_file() else sorted(
-            q for q in arg.rglob("*.ipynb") if not any(p.startswith(".") for p in q.relative_to(arg).parts)))
-        for f in files:
-            if f.resolve() in done:                 # the same file named twice (subs/ and subs/alice)
-                continue
-            done.add(f.resolve())
-            sub = Submission(student_of(f, arg), f)
-            try:
-                if f.stat().st_size > MAX_NOTEBOOK_BYTES:
-                    sub.problem = f"unreadable: {f.name} is larger than {MAX_NOTEBOOK_BYTES >> 20} MB"
-                else:
-                    sub.data = f.read_bytes()
-            except OSError as e:
-                sub.problem = f"unreadable: {f.name}: {e.strerror or e}"
-            subs.append(sub)
-    seen: dict[tuple[str, str], Path] = {}
+    absolute = [Path(os.path.abspath(p)) for p in paths]
+    named: dict[Path, set] = {}                     # folder → what the command line names in it
+    for a in absolute:
+        named.setdefault(a.parent, set()).add(a.name)
+    for arg, full in zip(map(Path, paths), absolute):
+        try:
+            fd = _open_dir(str(arg))
+        except OSError as e:
+            if _is_link_error(e):
+                subs.append(_linked(student_of(arg, arg) if _is_notebook_name(arg.name) else full.name, arg))
+            elif e.errno == errno.ENOTDIR:
+                subs += _file_argument(arg)
+            else:
+                subs.append(Submission(full.name, arg, problem=f"unreadable: {arg.name}: {e.strerror or e}"))
+            continue
+        try:
+            subs += _folder_argument(arg, fd, len(named[full.parent]) > 1)
+        finally:
+            os.close(fd)
+    unique, done = [], set()
     for sub in subs:
+        key = (sub.student, sub.file_id or os.path.abspath(sub.path))
+        if key in done:                             # the same file named twice (subs/ and subs/alice)
+            continue
+        done.add(key)
+        unique.append(sub)
+    seen: dict[tuple[str, str], Path] = {}
+    for sub in unique:
+        if sub.problem.startswith("not graded"):    # refused: never the chapter's first copy
+            continue
         key = (sub.student, sub.path.name[:3] if _COURSE_NAME.match(sub.path.name) else sub.path.name)
         if key in seen:
             sub.problem = sub.problem or (f"duplicate: {sub.student} handed in chapter {key[1][:2]} twice "
                                           f"({seen[key]} and {sub.path}); only the first is graded")
         seen.setdefault(key, sub.path)
-    return subs
+    return unique
 
 
 @dataclass
@@ -314,7 +545,7 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
                    work_root: Path | None = None, cwd: Path | None = None) -> Graded:
     """Grade one submission (never raises for the submission's sake)."""
     if sub.problem:
-        status = "duplicate" if sub.problem.startswith("duplicate") else "unreadable"
+        status = next((s for s in ("duplicate", "not graded") if sub.problem.startswith(s)), "unreadable")
         return _bad(sub, status, sub.problem, _release_by_name(sub, releases, expected))
     try:
         nb = parse_notebook(sub.data, sub.path.name)
@@ -453,19 +684,36 @@ def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: d
     return out
 
 
-def _print_notebook(g: Graded, out=sys.stdout) -> None:
-    print(f"{g.sub.student}: {g.sub.path}", file=out)
+MAX_OTHER_ERRORS = 20          # errors of cells that are not checks, listed per notebook
+
+
+def _other_errors(g: Graded) -> list[str]:
+    """The errors of the cells that are not checks, each cut, at most :data:`MAX_OTHER_ERRORS`."""
+    out = [f"cell {where}: {cut(error, ERROR_LIMIT)}" for where, error in g.others[:MAX_OTHER_ERRORS]]
+    if len(g.others) > MAX_OTHER_ERRORS:
+        out.append(f"… and {len(g.others) - MAX_OTHER_ERRORS} more cells with errors")
+    return out
+
+
+def _print_notebook(g: Graded, out=None) -> None:
+    """What was found in one notebook, for the terminal: every text a student wrote (names, errors)
+    shown escaped on one line (:func:`.gradebook.printable`) and cut."""
+    out = out or sys.stdout                     # looked up now: a redirected stdout is honoured
+    print(f"{printable(g.sub.student, NAME_LIMIT)}: {printable(g.sub.path, 2 * NAME_LIMIT)}", file=out)
     for r in g.rows:
         hidden = f"  hidden {r.hidden}" if r.hidden else ""
         note = {"edited": f"  (check cell {r.exercise} was edited — restored)",
                 "deleted": f"  (check cell {r.exercise} was deleted — put back)",
                 "missing": f"  (exercise {r.exercise} is missing from the submission)"}.get(r.restored, "")
-        detail = f" — {r.error}" if r.error else ""
-        print(f"  {r.exercise:<5} {r.visible}{hidden}  {r.title}{detail}{note}", file=out)
-    for where, err in g.others:
-        print(f"  cell {where}  ✗  (not a check cell) — {err}", file=out)
-    if g.problem and not any(g.problem in r.error for r in g.rows):
-        print(f"  ✗ {g.problem}", file=out)
+        detail = f" — {printable(r.error, ERROR_LIMIT)}" if r.error else ""
+        title = printable(r.title, NAME_LIMIT)
+        print(f"  {r.exercise:<5} {r.visible}{hidden}  {title}{detail}{note}", file=out)
+    for where, err in g.others[:MAX_OTHER_ERRORS]:
+        print(f"  cell {where}  ✗  (not a check cell) — {printable(err, ERROR_LIMIT)}", file=out)
+    if len(g.others) > MAX_OTHER_ERRORS:
+        print(f"  … and {len(g.others) - MAX_OTHER_ERRORS} more cells with errors", file=out)
+    if g.problem and not any(cut(g.problem, ERROR_LIMIT) in r.error for r in g.rows):
+        print(f"  ✗ {printable(g.problem, ERROR_LIMIT)}", file=out)
     out.flush()
 
 
@@ -494,9 +742,10 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
           hidden: bool | None = None, seed: int | None = None, allow_unisolated: bool = False) -> int:
     """The ``grade`` command. Returns the exit status."""
     options = options or Options()
-    missing = [p for p in paths if not Path(p).exists()]
+    missing = [p for p in paths if not os.path.lexists(p)]      # a dangling link is a student's row
     if missing:
-        print(f"gpucourse grade: no such file or folder: {', '.join(missing)}", file=sys.stderr)
+        print(f"gpucourse grade: no such file or folder: {', '.join(map(printable, missing))}",
+              file=sys.stderr)
         return 2
     if not Path(release).exists():
         print(f"gpucourse grade: release {release!r} not found (pass --release exercises/)", file=sys.stderr)
@@ -520,7 +769,8 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
         return 2
     subs = discover(paths)
     if not subs:
-        print("gpucourse grade: no notebooks (*.ipynb) in " + " ".join(paths), file=sys.stderr)
+        print("gpucourse grade: no notebooks (*.ipynb) in " + " ".join(map(printable, paths)),
+              file=sys.stderr)
         return 2
     mode = isolation(options.use_bwrap)
     if mode != "bwrap" and options.use_bwrap and not allow_unisolated:
@@ -561,10 +811,11 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
         write_csv(rows, csv_path)
     if json_path:
         write_json(rows, json_path, isolation=line, seed=seed, notebooks=[
-            {"student": g.sub.student, "notebook": str(g.sub.path), "status": g.status, "problem": g.problem,
+            {"student": cut(g.sub.student, NAME_LIMIT), "notebook": cut(g.sub.path, 2 * NAME_LIMIT),
+             "status": g.status, "problem": cut(g.problem, ERROR_LIMIT),
              "wall_seconds": g.record.get("wall_seconds", 0.0), "phases": g.record.get("phases", {}),
              "processes_killed_after": g.record.get("leftovers_killed", 0),
-             "other_errors": [f"cell {where}: {error}" for where, error in g.others]} for g in graded])
+             "other_errors": _other_errors(g)} for g in graded])
     if feedback:
         write_feedback(rows, feedback, fmt=feedback_format)
     written = [p for p in (csv_path, json_path, feedback) if p]

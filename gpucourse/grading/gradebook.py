@@ -22,17 +22,78 @@ CSV/JSON columns (:data:`COLUMNS`)::
 The JSON also records the grading run: the isolation in force, the seed every check's inputs were
 drawn from (``grade --seed`` with it reproduces the grades), and per notebook its wall time and the
 errors of cells that are not checks.
+
+**A student writes much of what is in here** (their folder's and files' names, their exceptions'
+messages, the values the judge quotes back), so every such text is cut where it is stored or printed
+(:func:`cut`: 200 characters for a name, 2,000 for an error, "… [cut, N characters]" after it); a
+CSV cell never starts with ``= + - @``, a tab or a CR (a quote is put before it, as OWASP advises
+against formula injection); the terminal is shown control characters and escapes as ``\\n`` or
+``\\x1b`` (:func:`printable`); the feedback shows a student's text as code or plain text, never as
+a link or an image (:func:`feedback_html` renders none at all).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import html
 import json
+import re
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["COLUMNS", "Row", "earned", "summary_table", "write_csv", "write_feedback", "write_json"]
+__all__ = ["COLUMNS", "Row", "csv_cell", "cut", "earned", "printable", "summary_table", "write_csv",
+           "write_feedback", "write_json"]
+
+NAME_LIMIT = 200            # a student's, a notebook's or a title's name, wherever it is stored or shown
+ERROR_LIMIT = 2_000         # an error (one line) in the gradebook and on the terminal
+MESSAGE_LIMIT = 3_000       # the judge's full message, shown in the feedback
+
+
+def cut(text, limit: int) -> str:
+    """``text`` with at most ``limit`` of its characters, saying how many were cut, and writable as
+    UTF-8 (a file name that is not, ``b"ann\\xff"``, keeps its bytes as ``\\udcff``-style escapes).
+
+    Example::
+
+        >>> cut("abcdef", 4), cut("abc", 4), cut("ann\\udcff", 10)
+        ('abcd… [cut, 2 characters]', 'abc', 'ann\\\\udcff')
+    """
+    text = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else f"{text[:limit]}… [cut, {len(text) - limit} characters]"
+
+
+_HIDDEN_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}     # controls, format (bidi…), surrogates, separators
+
+
+def printable(text, limit: int | None = None) -> str:
+    """``text`` as one line that the terminal shows as it is: control characters (newlines, ANSI
+    escapes), Unicode format characters (bidi overrides) and line separators written as escapes,
+    the way ``repr`` writes them; then cut to ``limit``.
+
+    Example::
+
+        >>> print(printable("bob\\n\\x1b[31mred\\u202e"))
+        bob\\n\\x1b[31mred\\u202e
+    """
+    text = "".join(repr(c)[1:-1] if unicodedata.category(c) in _HIDDEN_CATEGORIES else c for c in str(text))
+    return cut(text, limit) if limit is not None else text
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """A value for a CSV cell that no spreadsheet runs as a formula: a text starting with one of
+    ``= + - @``, a tab or a CR gets a ``'`` in front (OWASP's advice on CSV injection).
+
+    Example::
+
+        >>> print(csv_cell('=HYPERLINK("x")'), csv_cell("alice"), csv_cell(3.0))
+        '=HYPERLINK("x") alice 3.0
+    """
+    return "'" + value if isinstance(value, str) and value.startswith(_FORMULA_START) else value
 
 
 @dataclass
@@ -51,6 +112,11 @@ class Row:
     status: str
     message: str = ""        # the judge's full message (feedback only; never a hidden check's source)
 
+    def __post_init__(self):
+        # a student's exception or value can be megabytes long: cut once, for every output
+        self.error = cut(self.error, ERROR_LIMIT)
+        self.message = cut(self.message, MESSAGE_LIMIT)
+
 
 COLUMNS = [f for f in Row.__dataclass_fields__ if f != "message"]
 
@@ -66,18 +132,28 @@ def earned(points: float, visible_passed: bool, hidden_passed: bool | None) -> f
     return points if visible_passed and hidden_passed is not False else 0
 
 
+def stored(r: Row) -> dict:
+    """A row's columns as stored in the gradebook, each text a student controls cut to its limit."""
+    out = {k: v for k, v in asdict(r).items() if k in COLUMNS}
+    for k in ("student", "notebook", "title"):
+        out[k] = cut(out[k], NAME_LIMIT)
+    out["error"] = cut(out["error"], ERROR_LIMIT)
+    return out
+
+
 def write_csv(rows: list[Row], path: str | Path) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
-            w.writerow(asdict(r))
+            # the exercise column is the course's own ("NN.k", or "-" for a notebook not graded)
+            w.writerow({k: v if k == "exercise" else csv_cell(v) for k, v in stored(r).items()})
 
 
 def write_json(rows: list[Row], path: str | Path, *, isolation: str = "", seed: int | None = None,
                notebooks: list[dict] | None = None) -> None:
     data = {"isolation": isolation, "seed": seed, "notebooks": notebooks or [],
-            "rows": [{k: v for k, v in asdict(r).items() if k in COLUMNS} for r in rows]}
+            "rows": [stored(r) for r in rows]}
     Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
@@ -119,10 +195,10 @@ def summary_table(rows: list[Row]) -> str:
         alice       1/1     1/1     1/1
         bob         0/1     1/1     0/1  00.1 edited
     """
-    totals = _totals(rows)
-    width = max([len("student")] + [len(s) for s in totals])
+    totals = [(printable(s, NAME_LIMIT), t) for s, t in _totals(rows).items()]    # one line each
+    width = max([len("student")] + [len(s) for s, _ in totals])
     lines = [f"{'student':<{width}}  points  checks  hidden  notes"]
-    for student, t in totals.items():
+    for student, t in totals:
         pts = f"{_num(t['points'])}/{_num(t['max'])}"
         checks = f"{t['vis']}/{t['n']}"
         hidden = f"{t['hid']}/{t['hid_n']}" if t["hid_n"] else "-"
@@ -135,10 +211,37 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _code(text) -> str:
+    """A student's text as an inline code span (one line): Markdown renders nothing in it — no link,
+    no image, no emphasis — whatever backticks it holds.
+
+    Example::
+
+        >>> print(_code("[x](https://evil.example)"), _code("a `b` c"), _code("`"))
+        `[x](https://evil.example)` ``a `b` c`` `` ` ``
+    """
+    text = " ".join(str(text).split())
+    if not text:
+        return ""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any run of backticks in ``text``: the text cannot close it."""
+    return "`" * max(3, max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+
+
 def feedback_markdown(student: str, rows: list[Row]) -> str:
-    """One student's feedback as Markdown: totals, a row per exercise, then what to look at."""
+    """One student's feedback as Markdown: totals, a row per exercise, then what to look at.
+
+    What the student wrote (their name, their files' names, errors and the judge's messages, which
+    quote their values) is shown as code, never rendered: no link or image from it is live.
+    """
     t = _totals(rows)[student]
-    lines = [f"# Feedback for {student}", "", "Notebook: " + ", ".join(f"`{n}`" for n in t["notebooks"]), "",
+    lines = [f"# Feedback for {_code(cut(student, NAME_LIMIT))}", "",
+             "Notebook: " + ", ".join(_code(cut(n, NAME_LIMIT)) for n in t["notebooks"]), "",
              f"Points: **{_num(t['points'])} / {_num(t['max'])}** — an exercise earns its points when "
              "its check passes, and its hidden check too when one was run.", "",
              "| exercise | check | hidden | points | note |", "|---|---|---|---|---|"]
@@ -147,28 +250,32 @@ def feedback_markdown(student: str, rows: list[Row]) -> str:
         if r.restored:
             parts.append(f"check cell {r.restored}" + (" — restored" if r.restored == "edited" else ""))
         if r.error:
-            parts.append(r.error)
-        label = f"{r.exercise} {r.title}" if r.exercise != "-" else r.title
+            parts.append(_code(cut(r.error, ERROR_LIMIT)))
+        # an exercise's title is the course's; a "-" row's is the file's name, the student's
+        label = f"{r.exercise} {r.title}" if r.exercise != "-" else _code(cut(r.title, NAME_LIMIT))
         lines.append(f"| {_cell(label)} | {r.visible} | {r.hidden or '-'} | {_num(r.points)}/{_num(r.max)} | "
                      f"{_cell('; '.join(parts))} |")
     failed = [r for r in rows if r.points < r.max or r.visible != "✓"]
     if failed:
         lines += ["", "## What to look at", ""]
         for r in failed:
-            lines += [f"### {r.exercise} — {r.title}" if r.exercise != "-" else f"### {r.title}", ""]
-            message = (r.message or r.error or "").strip()
+            lines += [f"### {r.exercise} — {r.title}" if r.exercise != "-" else
+                      f"### {_code(cut(r.title, NAME_LIMIT))}", ""]
+            message = cut((r.message or r.error or "").strip(), MESSAGE_LIMIT)
             if message:
-                fence = "````" if "```" in message else "```"
-                lines += [fence, message[:3000], fence, ""]
+                fence = _fence(message)
+                lines += [fence, message, fence, ""]
     return "\n".join(lines) + "\n"
 
 
 def feedback_html(markdown_text: str, title: str) -> str:
     """The Markdown feedback as a page: rendered by markdown-it-py, with raw HTML in it (a student's
-    output, say) shown as text, never interpreted."""
+    output, say) shown as text, never interpreted, and no link or image rendered at all (the
+    feedback's own Markdown has none, so any would be a student's)."""
     from markdown_it import MarkdownIt
 
-    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown_text)
+    md = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table")
+    body = md.disable(["link", "image", "autolink"]).render(markdown_text)
     style = ("body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem}"
              "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3rem .5rem;vertical-align:top}"
              "pre{background:#f6f6f6;padding:.6rem;overflow-x:auto;white-space:pre-wrap}")
@@ -176,19 +283,41 @@ def feedback_html(markdown_text: str, title: str) -> str:
             f"<style>{style}</style></head><body>\n{body}</body></html>\n")
 
 
+def _file_names(students) -> dict[str, str]:
+    """A feedback file name (without suffix) per student, never the same for two students: the name
+    itself when it is plain (letters, digits, ``-_.``, not hidden, short), else a plain version of it
+    with a hash of the real name; a clash (two students' plain names, or a case-insensitive disk)
+    gets a number."""
+    names, used = {}, set()
+    for student in students:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in student)
+        if safe != student or not safe or safe.startswith(".") or len(safe.encode()) > 100:
+            digest = hashlib.sha256(student.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+            safe = f"{safe.lstrip('.')[:40].rstrip('.') or 'student'}-{digest}"
+        name, k = safe, 1
+        while name.lower() in used:
+            k += 1
+            name = f"{safe}-{k}"
+        used.add(name.lower())
+        names[student] = name
+    return names
+
+
 def write_feedback(rows: list[Row], folder: str | Path, *, fmt: str = "md") -> list[Path]:
     """One feedback file per student (Markdown, or HTML with ``fmt="html"``)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for student in _totals(rows):
+    totals = _totals(rows)
+    names = _file_names(totals)
+    for student in totals:
         text = feedback_markdown(student, [r for r in rows if r.student == student])
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in student) or "student"
         if fmt == "html":
-            path = folder / f"{safe}.html"
-            path.write_text(feedback_html(text, f"Feedback for {student}"), encoding="utf-8")
+            path = folder / f"{names[student]}.html"
+            path.write_text(feedback_html(text, f"Feedback for {printable(student, NAME_LIMIT)}"),
+                            encoding="utf-8")
         else:
-            path = folder / f"{safe}.md"
+            path = folder / f"{names[student]}.md"
             path.write_text(text, encoding="utf-8")
         written.append(path)
     return written

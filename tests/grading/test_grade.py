@@ -393,4 +393,5 @@ def test_html_feedback_is_rendered_and_escapes_what_a_student_printed(tmp_path):
     assert "<table>" in page and "<pre>" not in page.split("<h2")[0]          # a real table, not raw text
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "<b>1</b>" not in page and "&lt;b&gt;1&lt;/b&gt;" in page
-    assert "check cell edited — restored; 00.1" in page and "restored; |" not in page
+    # the judge's text is shown as code (issue 37: no link or image from a student's text is rendered)
+    assert "check cell edited — restored; <code>00.1" in page and "restored; |" not in page
