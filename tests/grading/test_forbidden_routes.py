@@ -1,0 +1,142 @@
+"""An exercise that forbids ``gc.X`` cannot reach ``gc.X`` in a graded kernel (issue 37, part 4).
+
+The routes below each scored the point of an exercise that forbids a helper while the forbidding
+was a gate inside the student's kernel. With the graded build the helper's implementation is not in
+the package the kernel imports while that exercise is checked, so every route meets a function that
+raises ``ForbiddenCall`` — whatever frames, tables, file names or reloads it plays with. The names
+are spelled so the answer-cell scan cannot see them: the point is what the kernel can *reach*.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell
+
+from gpucourse.grading.grade import Options, grade
+from gpucourse.grading.sandbox import isolation
+from gpucourse.grading.selfcheck import check_notebook
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(isolation() != "bwrap", reason="the graded build needs bwrap "
+                                "(Debian package bubblewrap)")
+
+HELPER = "getattr(gc, 'visible' + '_devices')"          # gc.visible_devices, unseen by the name scan
+
+#: route → (cells put before 00.2's answer, the answer's body): each answer is right if the helper works
+ROUTES_00 = {
+    "thread_pool": ([], f"""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit({HELPER}, spec).result()[logical] if 0 <= logical else {{}}[logical]"""),
+    "package_file_name": (["import gpucourse\n"
+                           f'wrapped = eval(compile("lambda s: {HELPER}(s)", gpucourse.__file__, "eval"), '
+                           "{'gc': gc})"], """
+    return wrapped(spec)[logical] if 0 <= logical else {}[logical]"""),
+    "saved_original": ([], """
+    import gpucourse.grading.harness as h
+    original = next(v[0] for k, v in h._FORBIDDEN.items() if k.endswith('_devices'))
+    return original(spec)[logical] if 0 <= logical else {}[logical]"""),
+    "replaced_predicate": (["import gpucourse.grading.harness as h\n"
+                            "h._called_by_the_course = lambda frame: True"], f"""
+    return {HELPER}(spec)[logical] if 0 <= logical else {{}}[logical]"""),
+    "reload": ([], """
+    import importlib, gpucourse.runtime.devices as d
+    importlib.reload(d)
+    return getattr(d, 'visible' + '_devices')(spec)[logical] if 0 <= logical else {}[logical]"""),
+    "function_clone": (["import types\n"
+                        f"_f = {HELPER}\n"
+                        "clone = types.FunctionType(_f.__code__, _f.__globals__, 'clone', _f.__defaults__, "
+                        "_f.__closure__)"], """
+    return clone(spec)[logical] if 0 <= logical else {}[logical]"""),
+    "fake_heading": (["## Exercise 00.3 — (not really)"], """
+    return gc.visible_devices(spec)[logical] if 0 <= logical else {}[logical]"""),
+}
+
+SUBCLASS_03 = """class MyBalancedDataParallel(getattr(gc, 'Balanced' + 'DataParallel')):
+    def __init__(self, gpu0_bsz, module, device_ids=None, dim=0):
+        super().__init__(gpu0_bsz, module, device_ids, dim=dim)
+"""
+
+
+def _release(chapter: str):
+    path = next((ROOT / "exercises").glob(f"{chapter}_*.ipynb"))
+    return nbformat.read(path, as_version=4), path.name
+
+
+def _route_00(route: str):
+    nb, name = _release("00")
+    before, body = ROUTES_00[route]
+    at = next(i for i, c in enumerate(nb.cells) if c.source.startswith("def physical_gpu"))
+    nb.cells[at].source = "def physical_gpu(spec, logical):" + body
+    cells = [new_markdown_cell(s) if s.startswith("##") else new_code_cell(s) for s in before]
+    nb.cells[at:at] = cells
+    return nb, name
+
+
+def _subclass_03():
+    nb, name = _release("03")
+    at = next(i for i, c in enumerate(nb.cells) if c.source.startswith("class MyBalancedDataParallel"))
+    nb.cells[at].source = SUBCLASS_03
+    return nb, name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_route_to_a_forbidden_helper_scores_zero(tmp_path):
+    subs = tmp_path / "subs"
+    notebooks = {f"00-{route}": _route_00(route) for route in ROUTES_00}
+    notebooks["03-subclass"] = _subclass_03()
+    for student, (nb, name) in notebooks.items():
+        (subs / student).mkdir(parents=True)
+        nbformat.write(nb, subs / student / name)
+    out = tmp_path / "g.json"
+    grade([str(subs)], release=str(ROOT / "exercises"), hidden_from=str(ROOT / "solutions"), workers=2,
+          json_path=str(out), quiet=True, options=Options(cell_timeout=120, notebook_timeout=300))
+    rows = {(r["student"], r["exercise"]): r for r in json.loads(out.read_text())["rows"]}
+    for student in notebooks:
+        exercise = "03.3" if student.startswith("03") else "00.2"
+        row = rows[(student, exercise)]
+        assert row["points"] == 0 and row["visible"] == "✗", (student, row)
+        assert "off limits" in row["error"] or "ForbiddenCall" in row["error"], (student, row["error"])
+    # the exercises next to them, untouched and unsolved, are "not implemented" as ever
+    assert rows[("00-thread_pool", "00.1")]["error"].startswith("00.1: not implemented yet")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("route", ["thread_pool", "reload"])
+def test_the_learners_self_check_meets_the_same_build(route, tmp_path):
+    nb, name = _route_00(route)
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    results = {r.label: r for r in check_notebook(path, cell_timeout=120, notebook_timeout=300,
+                                                  release=str(ROOT / "exercises"))}
+    assert not results["00.2"].passed and "off limits" in results["00.2"].error, results["00.2"]
+
+
+def test_the_build_keeps_nothing_of_a_stripped_helper(tmp_path):
+    """The copy's source has no body, docstring or bytecode of the helper; the rest still imports."""
+    import subprocess
+    import sys
+
+    from gpucourse.grading import graded_build
+
+    package = graded_build.build(("gc.visible_devices", "gc.BalancedDataParallel"),
+                                 {"gc.visible_devices": ["00.2"]}, tmp_path)
+    text = (package / "runtime" / "devices.py").read_text()
+    assert "def visible_devices(" in text and "CUDA_VISIBLE_DEVICES" not in text.split(
+        "def visible_devices(")[1].split("\ndef ")[0]
+    assert not list(package.rglob("__pycache__"))
+    probe = ("import gpucourse as gc\n"
+             "try:\n    gc.visible_devices('0,1')\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+             "try:\n    gc.BalancedDataParallel(1, None)\nexcept Exception as e:\n    print(type(e).__name__)\n"
+             "print(gc.balanced_chunk_sizes(8, 2, 3))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=120)
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("ForbiddenCall gc.visible_devices is off limits in exercise 00.2"), r
+    assert lines[1] == "ForbiddenCall" and lines[2] == "[2, 3, 3]", r
