@@ -624,10 +624,18 @@ def _plan(judges: "Judges", chapter: str, nb, release: Release) -> list[tuple[tu
 
 
 def _merge_records(records: list[tuple[dict, dict]]) -> dict:
-    """One record from a notebook's runs: each graded cell from the run that graded it; the other
-    cells (errors of ordinary cells) from the run with the fewest helpers stripped (the first)."""
+    """One record from a notebook's runs: each graded cell from the run that graded it; an ordinary
+    cell as it ran in a run where it did not fail, if any (a demo cell that calls a helper one run
+    leaves out fails there only — not the student's error)."""
     (_, first), = records[:1]
     merged = dict(first, cells=list(first["cells"]), values={})
+    for index, cell in enumerate(merged["cells"]):
+        if cell.get("error"):
+            clean = next((rec["cells"][index] for _, rec in records[1:] if index < len(rec["cells"])
+                          and rec["cells"][index].get("status") not in (None, "not run")
+                          and not rec["cells"][index].get("error")), None)
+            if clean is not None:
+                merged["cells"][index] = clean
     fatal, hits = [], []
     for jobs, rec in records:
         for index, job in jobs.items():
