@@ -266,8 +266,9 @@ class Judges:
         from .harness import JudgeCrashed
 
         if submission is not None and submission in self._crashed:
+            how = self._crashed[submission]
             return {"passed": False, "message": f"{slot}: not compared: an earlier check of this notebook "
-                                                f"sent values that made the judge {self._crashed[submission]}"}
+                                                f"sent values that made the judge {how}"}
         try:
             return self._ask(chapter, {"op": "compare", "slot": slot, "seed": self.seed, "values": values},
                              self.compare_timeout)

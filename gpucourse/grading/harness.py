@@ -730,13 +730,13 @@ class JudgeProcess:
         """
         with self.lock:
             if self.proc.poll() is not None:
-                raise JudgeGone(f"the judge process had ended before this request ({self._tail()})")
+                raise JudgeGone(f"the judge process has ended ({self._tail()}), before this request")
             try:
                 self.proc.stdin.write((json.dumps(message) + "\n").encode())
                 self.proc.stdin.flush()
             except (BrokenPipeError, ConnectionResetError, ValueError):
                 self._reap()                # it ended before it read the request: not the request's doing
-                raise JudgeGone(f"the judge process had ended before this request ({self._tail()})") from None
+                raise JudgeGone(f"the judge process has ended ({self._tail()}), before this request") from None
             line = _read_line(self.proc.stdout, timeout)
             if line is None:
                 tail = self._tail()
@@ -749,7 +749,8 @@ class JudgeProcess:
                     status = 128 - status          # bwrap exits 128 + N when the judge is killed by signal N
                 how = (f"crash (signal {-status})" if status is not None and status < 0
                        else f"crash (exit status {status})")
-                raise JudgeCrashed(f"the judge process ended while answering: {how} ({self._tail()})", how=how)
+                raise JudgeCrashed(f"the judge process ended while answering: {how} ({self._tail()})",
+                                   how=how)
             try:
                 reply = json.loads(line)
                 if not isinstance(reply, dict):
@@ -758,7 +759,8 @@ class JudgeProcess:
                 with contextlib.suppress(OSError):
                     self.proc.kill()
                 self._reap()
-                raise JudgeCrashed(f"the judge's reply could not be read ({e})", how="garbled reply") from None
+                raise JudgeCrashed(f"the judge's reply could not be read ({e})",
+                                   how="garbled reply") from None
             if "error" in reply:
                 raise RuntimeError(f"the judge failed: {reply['error']}")
             return reply

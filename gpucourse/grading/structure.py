@@ -53,8 +53,8 @@ def raised_text(r: Raised) -> str:
 
     Example::
 
-        >>> raised_text(Raised("WorkerError", ("WorkerError", "RuntimeError"),
-        ...                    "rank 1 raised NameError: name 'x' is not defined\\nTraceback ...", "NameError"))
+        >>> message = "rank 1 raised NameError: name 'x' is not defined\\nTraceback ..."
+        >>> raised_text(Raised("WorkerError", ("WorkerError", "RuntimeError"), message, "NameError"))
         "rank 1 raised NameError: name 'x' is not defined"
         >>> raised_text(Raised("ValueError", ("ValueError",), "bad size\\nmore"))
         'the code raised ValueError: bad size'
@@ -170,8 +170,9 @@ def mismatch(got, want, what: str = "the result", *, any_length=frozenset(), _pa
         extra = [k for k in got if k not in want]
         if missing or extra:
             return (f"{what}: expected a dict with the keys {sorted(map(repr, want))}; "
-                    + ", ".join(filter(None, [f"missing {sorted(map(repr, missing))}" if missing else "",
-                                              f"unexpected {sorted(map(repr, extra))[:8]}" if extra else ""])))
+                    + ", ".join(filter(None, [
+                        f"missing {sorted(map(repr, missing))}" if missing else "",
+                        f"unexpected {sorted(map(repr, extra))[:8]}" if extra else ""])))
         for k, w in want.items():
             problem = mismatch(got[k], w, f"{what}[{k!r}]", any_length=any_length, _path=(*_path, k))
             if problem:
@@ -179,7 +180,7 @@ def mismatch(got, want, what: str = "the result", *, any_length=frozenset(), _pa
         return None
     if isinstance(want, (set, frozenset)):
         return None if len(got) == len(want) else f"{what}: expected {describe(want)}, got {describe(got)}"
-    if (tensor is not None and isinstance(want, tensor)) or (ndarray is not None and isinstance(want, ndarray)):
+    if any(kind is not None and isinstance(want, kind) for kind in (tensor, ndarray)):
         if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
             return f"{what}: expected {describe(want)}, got {describe(got)}"
         return None

@@ -237,8 +237,8 @@ def _bytes(s) -> bytes:
 
 
 def _shape(shape) -> list[int]:
-    if (not isinstance(shape, list) or len(shape) > _MAX_DIMS
-            or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_BYTES * 8 for n in shape)):
+    if (not isinstance(shape, list) or len(shape) > _MAX_DIMS or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_BYTES * 8 for n in shape)):
         raise WireError(f"bad shape {_cut(shape)} (at most {_MAX_DIMS} sizes, each an int from 0 to "
                         f"{MAX_BYTES * 8})")
     return shape
@@ -254,7 +254,8 @@ def _decode_tensor(spec: dict):
 
     name = spec.get("dtype")
     if not isinstance(name, str) or name not in TENSOR_DTYPES:
-        raise WireError(f"tensor dtype {_cut(name)} is not wire data (one of {', '.join(sorted(TENSOR_DTYPES))})")
+        raise WireError(f"tensor dtype {_cut(name)} is not wire data "
+                        f"(one of {', '.join(sorted(TENSOR_DTYPES))})")
     dtype = getattr(torch, name)
     shape, data = _shape(spec.get("shape")), _bytes(spec.get("data"))
     numel = math.prod(shape)

@@ -78,8 +78,10 @@ def test_the_course_values_pass_and_a_tuple_for_a_list_is_fine(zip_judge):
     (lambda w: ([], w[1]), "the result[0]: expected a list of 1 item, got 0 items"),
     (lambda w: (w[0][:-1], w[1]), "the result[0]: expected a list of 1 item, got 0 items"),
     (lambda w: (w[0], {"n": w[1]["n"]}), "missing [\"'each'\"]"),
-    (lambda w: (w[0], {"n": float(w[1]["n"]), "each": w[1]["each"]}), "the result[1]['n']: expected an int, got a float"),
-    (lambda w: (w[0], {"n": w[1]["n"], "each": [[] for _ in w[1]["each"]]}), "the result[1]['each'][0]: expected a list of 1 item"),
+    (lambda w: (w[0], {"n": float(w[1]["n"]), "each": w[1]["each"]}),
+     "the result[1]['n']: expected an int, got a float"),
+    (lambda w: (w[0], {"n": w[1]["n"], "each": [[] for _ in w[1]["each"]]}),
+     "the result[1]['each'][0]: expected a list of 1 item"),
     (lambda w: [], "the result: expected a tuple of 2 items, got 0 items"),
     (lambda w: None, "the result: expected a tuple of 2 items, got None"),
 ])
@@ -100,7 +102,8 @@ def test_every_case_is_checked_not_only_the_first(zip_judge):
 def test_an_error_reads_as_one_line_naming_the_rank(zip_judge):
     judge, wants = zip_judge
     message = "rank 1 raised NameError: name 'x' is not defined\nTraceback (most recent call last):\n  ..."
-    rank_error = wire.Raised("WorkerError", ("WorkerError", "RuntimeError", "Exception"), message, "NameError")
+    rank_error = wire.Raised("WorkerError", ("WorkerError", "RuntimeError", "Exception"), message,
+                             "NameError")
     v = verdict(judge, [wants[0], rank_error, wants[2]])
     assert not v["passed"] and "case 2 of 3" in v["message"]
     first = v["message"].splitlines()[0]

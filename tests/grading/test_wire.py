@@ -78,7 +78,8 @@ def test_too_many_elements_are_refused():
 
 # --- tensors and arrays: only plain dtypes ------------------------------------------------------
 
-ALL_TORCH_DTYPES = sorted({str(v).removeprefix("torch.") for v in vars(torch).values() if isinstance(v, torch.dtype)})
+ALL_TORCH_DTYPES = sorted({str(v).removeprefix("torch.") for v in vars(torch).values()
+                           if isinstance(v, torch.dtype)})
 
 
 @pytest.mark.parametrize("name", [n for n in ALL_TORCH_DTYPES if n not in wire.TENSOR_DTYPES]
@@ -133,7 +134,8 @@ MALFORMED = {
     "tensor not an object": {"$tensor": 5},
     "tensor shape negative": {"$tensor": {"dtype": "float32", "shape": [-1], "data": ""}},
     "tensor shape huge": {"$tensor": {"dtype": "float32", "shape": [2**62, 0], "data": ""}},
-    "tensor shape too many dims": {"$tensor": {"dtype": "float32", "shape": [1] * 100, "data": b64(bytes(4))}},
+    "tensor shape too many dims": {"$tensor": {"dtype": "float32", "shape": [1] * 100,
+                                               "data": b64(bytes(4))}},
     "tensor data short": {"$tensor": {"dtype": "float32", "shape": [2], "data": b64(bytes(4))}},
     "tensor data not base64": {"$tensor": {"dtype": "float32", "shape": [1], "data": "@@@@"}},
     "array shape a string": {"$ndarray": {"dtype": "<f4", "shape": "3", "data": ""}},
