@@ -675,8 +675,9 @@ class JudgeGone(RuntimeError):
 class JudgeCrashed(RuntimeError):
     """The judge died or stalled while answering *this* request (it is gone afterwards).
 
-    ``how``: ``"crash (signal 11)"``, ``"crash (exit status 1)"`` or ``"stall (over 120 s)"``;
-    ``stalled``: whether it was killed for not answering in time.
+    ``how`` completes "the values made the judge …": ``"crash (signal 11)"``, ``"crash (exit status
+    1)"``, ``"stall (over 120 s)"`` or ``"garble its reply"``; ``stalled``: whether it was killed for
+    not answering in time.
     """
 
     def __init__(self, message: str, *, how: str, stalled: bool = False):
@@ -729,14 +730,15 @@ class JudgeProcess:
         or stalls (it is killed then) while answering, ``RuntimeError`` for an ``error`` reply.
         """
         with self.lock:
+            gone = "the judge process has ended ({}), before this request"
             if self.proc.poll() is not None:
-                raise JudgeGone(f"the judge process has ended ({self._tail()}), before this request")
+                raise JudgeGone(gone.format(self._tail()))
             try:
                 self.proc.stdin.write((json.dumps(message) + "\n").encode())
                 self.proc.stdin.flush()
             except (BrokenPipeError, ConnectionResetError, ValueError):
                 self._reap()                # it ended before it read the request: not the request's doing
-                raise JudgeGone(f"the judge process has ended ({self._tail()}), before this request") from None
+                raise JudgeGone(gone.format(self._tail())) from None
             line = _read_line(self.proc.stdout, timeout)
             if line is None:
                 tail = self._tail()
@@ -760,7 +762,7 @@ class JudgeProcess:
                     self.proc.kill()
                 self._reap()
                 raise JudgeCrashed(f"the judge's reply could not be read ({e})",
-                                   how="garbled reply") from None
+                                   how="garble its reply") from None
             if "error" in reply:
                 raise RuntimeError(f"the judge failed: {reply['error']}")
             return reply
