@@ -410,13 +410,25 @@ class Judges:
     """One judge process per chapter (started on first use), shared by the grading threads.
 
     Each caches its inputs per slot and seed and the course's answers on them, so a class graded
-    with one seed runs each reference once.
+    with one seed runs each reference once (when the inputs are drawn: a compare only compares).
+
+    One student, one blast radius: a judge that crashes or stalls (over :attr:`compare_timeout`)
+    on a submission's values costs that submission the case it was comparing — and its later
+    compares, which fail at once instead of stalling the chapter again. A request that finds the
+    judge already gone (another submission's doing) is asked again of a fresh judge.
     """
+
+    #: seconds a judge may take over one ``compare`` (its reference is ready by then)
+    compare_timeout: float = 120
+    #: seconds a judge may take to draw a slot's inputs and run the course's answer on them
+    cases_timeout: float = 600
 
     def __init__(self, solutions: str | os.PathLike | None, seed: int, *, private_network: bool = False):
         self.solutions, self.seed, self.private_network = solutions, seed, private_network
         self._judges: dict[str, object] = {}
         self._cases: dict[str, dict] = {}
+        self._ready: dict[object, set] = {}          # judge process → the slots whose reference it holds
+        self._crashed: dict[str, str] = {}           # submission → how its values ended a judge
         self._lock = threading.Lock()
         self._chapter_locks: dict[str, threading.Lock] = {}
         self._builds: dict[tuple, Path] = {}
@@ -437,28 +449,80 @@ class Judges:
                     raise FileNotFoundError(
                         f"the course's solutions for chapter {chapter} were not found: the grader "
                         "needs them to compute the expected values (pass --solutions solutions/)")
+                if judge is not None:                  # ended: let go of its pipes (once no one reads them)
+                    with judge.lock:
+                        judge.close()
+                    self._ready.pop(judge, None)
                 judge = JudgeProcess(chapter, folder, local=False, private_network=self.private_network)
                 for error in judge.hello.get("errors", []):
                     print(f"warning: the course's solutions did not load cleanly: {error}", file=sys.stderr)
                 self._judges[chapter] = judge
             return judge
 
+    def _ask(self, chapter: str, message: dict, timeout: float) -> dict:
+        """``message``'s reply from the chapter's judge; one that had already ended (another
+        request's doing) is replaced, and asked again, once. A compare goes to a judge that holds
+        the slot's reference (drawn there first, with the longer timeout, if it does not)."""
+        from .harness import JudgeCrashed, JudgeGone
+
+        for attempt in range(2):
+            judge = self.get(chapter)
+            try:
+                if message["op"] == "compare" and message["slot"] not in self._ready.get(judge, ()):
+                    try:
+                        self._draw(judge, message["slot"])
+                    except JudgeCrashed as e:       # the course's own run: not the values' doing
+                        raise RuntimeError(f"the judge failed drawing {message['slot']}: {e}") from None
+                return judge.request(message, timeout=timeout)
+            except JudgeGone:
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _draw(self, judge, slot: str) -> dict:
+        reply = judge.request({"op": "cases", "slot": slot, "seed": self.seed}, timeout=self.cases_timeout)
+        self._ready.setdefault(judge, set()).add(slot)
+        return reply
+
     def cases(self, chapter: str, slot: str) -> dict:
         if slot not in self._cases:
-            self._cases[slot] = self.get(chapter).request({"op": "cases", "slot": slot, "seed": self.seed},
-                                                          timeout=300)
+            from .harness import JudgeGone
+
+            for attempt in range(2):
+                try:
+                    self._cases[slot] = self._draw(self.get(chapter), slot)
+                    break
+                except JudgeGone:
+                    if attempt:
+                        raise
         return self._cases[slot]
 
-    def compare(self, chapter: str, slot: str, values: str) -> dict:
+    def compare(self, chapter: str, slot: str, values: str, submission: str | None = None) -> dict:
+        """The judge's verdict on ``values`` — failed, without a judge, for a ``submission`` whose
+        values have crashed or stalled a judge before."""
+        from .harness import JudgeCrashed
+
+        if submission is not None and submission in self._crashed:
+            how = self._crashed[submission]
+            return {"passed": False, "message": f"{slot}: not compared: an earlier check of this notebook "
+                                                f"sent values that made the judge {how}"}
         try:
-            return self.get(chapter).request({"op": "compare", "slot": slot, "seed": self.seed,
-                                              "values": values}, timeout=600)
-        except TimeoutError:
-            return {"passed": False, "message": f"{slot}: the values could not be compared within 600 s"}
+            return self._ask(chapter, {"op": "compare", "slot": slot, "seed": self.seed, "values": values},
+                             self.compare_timeout)
+        except JudgeCrashed as e:
+            if submission is not None:
+                self._crashed[submission] = e.how
+            print(f"warning: {submission or 'a submission'}, {slot}: {e}", file=sys.stderr)
+            return {"passed": False, "message": f"{slot}: your values made the judge {e.how}: not compared"}
 
     def plan(self, chapter: str, submitted: dict[str, list[str]]) -> dict:
         """The judge's plan of runs for one submission (see :mod:`.graded_build`)."""
-        plan = self.get(chapter).request({"op": "plan", "submitted": submitted}, timeout=300)
+        from .harness import JudgeCrashed
+
+        try:
+            plan = self._ask(chapter, {"op": "plan", "submitted": submitted}, 300)
+        except (JudgeCrashed, RuntimeError):      # the submission's code could not be read: the course's plan
+            plan = self._ask(chapter, {"op": "plan", "submitted": None}, 300)
         self._exercises_of.setdefault(chapter, {}).update(plan.get("exercises_of", {}))
         return plan
 
@@ -473,9 +537,8 @@ class Judges:
                     self._build_root = tempfile.mkdtemp(prefix="gpucourse-builds-")
                 root = Path(self._build_root) / f"{chapter}-{len(self._builds)}"
                 root.mkdir()
-                reply = self.get(chapter).request({"op": "build", "strip": list(key[1]), "root": str(root),
-                                                   "exercises_of": self._exercises_of.get(chapter, {})},
-                                                  timeout=300)
+                reply = self._ask(chapter, {"op": "build", "strip": list(key[1]), "root": str(root),
+                                            "exercises_of": self._exercises_of.get(chapter, {})}, 300)
                 self._builds[key] = Path(reply["path"])
             return self._builds[key]
 
@@ -586,7 +649,8 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
                                       wall=options.notebook_timeout + 180, hide=options.hide,
                                       files={sub.path.name: sub.data}, package=package)))
     record = _merge_records(records)
-    results = [_judge_slot(slot, record, judges, release.chapter, slots_of_judge, nb) for slot in slots]
+    results = [_judge_slot(slot, record, judges, release.chapter, slots_of_judge, nb,
+                           submission=f"{sub.student}: {sub.path}") for slot in slots]
     graded_cells = {s.index for s in slots}
     cells = record["cells"]
     others = [(origin[i] if origin[i] is not None else i, row["error"]) for i, row in enumerate(cells)
@@ -655,8 +719,10 @@ def _merge_records(records: list[tuple[dict, dict]]) -> dict:
     return merged
 
 
-def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: dict, nb) -> dict:
-    """The verdict on one graded cell: the judge's, on the values the cell sent (if it sent any)."""
+def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: dict, nb,
+                submission: str | None = None) -> dict:
+    """The verdict on one graded cell: the judge's, on the values the cell sent (if it sent any).
+    ``submission`` names the notebook to the judges (values that crash a judge fail its later checks)."""
     cells = record["cells"]
     row = cells[slot.index] if 0 <= slot.index < len(cells) else {"status": "not run"}
     out = {"passed": False, "error": "", "message": "", "seconds": row.get("seconds", 0.0)}
@@ -683,7 +749,7 @@ def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: d
         else:
             out["error"] = f"{label} sent no values (the check cell did not reach gc.check_exercise)"
         return out
-    verdict = judges.compare(chapter, slot.key, values)
+    verdict = judges.compare(chapter, slot.key, values, submission)
     out["passed"] = bool(verdict.get("passed"))
     if not out["passed"]:
         message = verdict.get("message") or verdict.get("error") or "failed"

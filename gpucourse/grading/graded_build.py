@@ -307,7 +307,7 @@ def _named_as_gc(sources: list[str], candidates: set[str]) -> set[str]:
     for src in sources:
         try:
             tree = ast.parse(src)
-        except SyntaxError:
+        except (SyntaxError, ValueError, RecursionError, MemoryError):     # not Python, or too deep
             continue
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)

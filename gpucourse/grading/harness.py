@@ -667,8 +667,30 @@ def _cap_output(ip, limit: int) -> None:
 
 # --- local mode: a judge process of this kernel's own ---------------------------------------------
 
+class JudgeGone(RuntimeError):
+    """The judge process had ended before a request was sent to it: ask a fresh one (the request had
+    nothing to do with its end)."""
+
+
+class JudgeCrashed(RuntimeError):
+    """The judge died or stalled while answering *this* request (it is gone afterwards).
+
+    ``how`` completes "the values made the judge …": ``"crash (signal 11)"``, ``"crash (exit status
+    1)"``, ``"stall (over 120 s)"`` or ``"garble its reply"``; ``stalled``: whether it was killed for
+    not answering in time.
+    """
+
+    def __init__(self, message: str, *, how: str, stalled: bool = False):
+        super().__init__(message)
+        self.how, self.stalled = how, stalled
+
+
 class JudgeProcess:
-    """A judge in a child process, spoken to in JSON lines over its stdin/stdout."""
+    """A judge in a child process, spoken to in JSON lines over its stdin/stdout.
+
+    One request at a time (a lock): :meth:`request` raises :class:`JudgeCrashed` when the judge
+    ends or stalls while answering it, :class:`JudgeGone` when it had ended before.
+    """
 
     def __init__(self, chapter: str, solutions: str | os.PathLike, *, local: bool, private_network: bool = False):
         """``private_network``: run it in a network namespace of its own (``bwrap --unshare-net``), so
@@ -686,7 +708,8 @@ class JudgeProcess:
                                              *filter(None, [os.environ.get("PYTHONPATH")])])
         env.pop("GPUCOURSE_RESULT_FD", None)
         argv += ["--die-with-parent"] if local else []
-        if private_network and shutil.which("bwrap"):
+        self.wrapped = bool(private_network and shutil.which("bwrap"))
+        if self.wrapped:
             argv = [shutil.which("bwrap"), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent",
                     "--", *argv]
         try:
@@ -701,21 +724,57 @@ class JudgeProcess:
         self.hello = self.request({"op": "hello"}, timeout=600)
 
     def request(self, message: dict, timeout: float = 600) -> dict:
+        """The judge's reply to ``message`` (a JSON object), within ``timeout`` seconds of sending it.
+
+        Raises :class:`JudgeGone` if the judge had already ended, :class:`JudgeCrashed` if it ends
+        or stalls (it is killed then) while answering, ``RuntimeError`` for an ``error`` reply.
+        """
         with self.lock:
+            gone = "the judge process has ended ({}), before this request"
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the judge process has ended ({self._tail()})")
-            self.proc.stdin.write((json.dumps(message) + "\n").encode())
-            self.proc.stdin.flush()
+                raise JudgeGone(gone.format(self._tail()))
+            try:
+                self.proc.stdin.write((json.dumps(message) + "\n").encode())
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ConnectionResetError, ValueError):
+                self._reap()                # it ended before it read the request: not the request's doing
+                raise JudgeGone(gone.format(self._tail())) from None
             line = _read_line(self.proc.stdout, timeout)
             if line is None:
+                tail = self._tail()
                 self.close()
-                raise TimeoutError(f"the judge did not answer within {timeout:g} s ({self._tail()})")
-            if not line:
-                raise RuntimeError(f"the judge process ended ({self._tail()})")
-            reply = json.loads(line)
+                raise JudgeCrashed(f"the judge did not answer within {timeout:g} s; stopped it ({tail})",
+                                   how=f"stall (over {timeout:g} s)", stalled=True)
+            if not line.endswith(b"\n"):
+                status = self._reap()
+                if self.wrapped and status is not None and status > 128:
+                    status = 128 - status          # bwrap exits 128 + N when the judge is killed by signal N
+                how = (f"crash (signal {-status})" if status is not None and status < 0
+                       else f"crash (exit status {status})")
+                raise JudgeCrashed(f"the judge process ended while answering: {how} ({self._tail()})",
+                                   how=how)
+            try:
+                reply = json.loads(line)
+                if not isinstance(reply, dict):
+                    raise ValueError(f"not a JSON object: {line[:80]!r}")
+            except ValueError as e:         # out of step with its replies: it cannot be trusted again
+                with contextlib.suppress(OSError):
+                    self.proc.kill()
+                self._reap()
+                raise JudgeCrashed(f"the judge's reply could not be read ({e})",
+                                   how="garble its reply") from None
             if "error" in reply:
                 raise RuntimeError(f"the judge failed: {reply['error']}")
             return reply
+
+    def _reap(self) -> int | None:
+        """The exit status of a judge whose pipe closed (killed if it lingers)."""
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+            return self.proc.wait()
 
     def _tail(self) -> str:
         try:

@@ -11,12 +11,19 @@ requests, one JSON object per line on stdin → stdout:
                                                ``seed`` (``null``: a fresh random seed)
 ``{"op": "compare", "slot", "seed", "values"}`` the verdict on the values a kernel computed for
                                                those inputs: ``{"passed", "message"}``
+``{"op": "reference", "slot", "seed"}``        the course's own values on those inputs (wire text;
+                                               for the grader's tests — a judge answers only the
+                                               process that started it, never a kernel it grades)
 =============================================  ==================================================
 
 The expected values are computed here, by the check's own ``run`` with the course's answer in
-place of the learner's function, on the same inputs (cached per slot and seed, so a class graded
-with one seed computes each reference once). Values from a kernel are read with :mod:`.wire` —
-data only. Anything a cell prints goes to stderr; stdout carries only the replies.
+place of the learner's function, on the same inputs — when the inputs are drawn (a ``cases``
+request), so that a ``compare`` only reads values and compares: it is quick, and a judge that
+takes long over one is stalled by those values. Both are cached per slot and seed, so a class
+graded with one seed computes each reference once. Values from a kernel are read with
+:mod:`.wire` — data only — and must have the structure of the course's answer, case by case
+(:mod:`.structure`), before a check's compare sees them. Anything a cell prints goes to stderr;
+stdout carries only the replies.
 """
 
 from __future__ import annotations
@@ -30,10 +37,16 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import harness, wire
+from . import harness, structure, wire
 from .exercises import CHECK_HEADER, CHECK_TAG, HIDDEN_HEADER, HIDDEN_TAG, definition_cells
 
-__all__ = ["Judge", "main"]
+__all__ = ["ANY_LENGTH", "Judge", "main"]
+
+#: exercises whose right answers need not have the course's length: the paths (as
+#: :func:`.structure.mismatch` takes them) of the lists that may hold any number of items.
+#: 08.5: any cheapest set of blocks to checkpoint is right, and two may hold different numbers of
+#: blocks (its compare checks every item: an int, in range, sorted, fits the budget, cheapest).
+ANY_LENGTH: dict[str, frozenset] = {"08.5": frozenset({()})}
 
 
 class Judge:
@@ -121,26 +134,34 @@ class Judge:
         return spec
 
     def cases(self, slot: str, seed: int | None) -> dict:
+        """The slot's inputs drawn from ``seed`` (a fresh one if ``None``) — and the course's values
+        on them, computed now (see :meth:`reference`)."""
         spec = self._spec(slot)
         if seed is None:
             seed = random.SystemRandom().randrange(1 << 62)
+        text, seeds = self._draw(slot, seed)
+        self.reference(slot, seed)
+        return {"slot": slot, "seed": seed, "cases": text, "seeds": seeds, "forbid": list(spec.forbid),
+                "title": spec.title}
+
+    def _draw(self, slot: str, seed: int) -> tuple[str, list[int]]:
         key = (slot, seed)
         if key not in self.cases_cache:
             rng = harness.CaseRNG(harness.case_seed(seed, slot))
-            cases = list(spec.cases(rng))
+            cases = list(self._spec(slot).cases(rng))
             if not cases:
                 raise ValueError(f"check {slot} drew no cases")
             seeds = [rng.seed31() for _ in cases]
             self.cases_cache[key] = (wire.dumps(cases), seeds)
-        text, seeds = self.cases_cache[key]
-        return {"slot": slot, "seed": seed, "cases": text, "seeds": seeds, "forbid": list(spec.forbid),
-                "title": spec.title}
+        return self.cases_cache[key]
 
     def reference(self, slot: str, seed: int) -> str:
+        """The course's values on the slot's inputs drawn from ``seed`` (wire text, cached)."""
         key = (slot, seed)
         if key not in self.reference_cache:
-            spec, c = self._spec(slot), self.cases(slot, seed)
-            nodes = harness.run_cases(spec.run, wire.loads(c["cases"]), c["seeds"])
+            spec = self._spec(slot)
+            text, seeds = self._draw(slot, seed)
+            nodes = harness.run_cases(spec.run, wire.loads(text), seeds)
             for i, value in enumerate(wire.loads(wire.pack(nodes))):
                 if isinstance(value, wire.Raised) and value.not_implemented:
                     raise RuntimeError(f"the course's answer to {slot} is not implemented (case {i + 1})")
@@ -148,27 +169,45 @@ class Judge:
         return self.reference_cache[key]
 
     def compare(self, slot: str, seed: int, values: str) -> dict:
+        """The verdict on a kernel's values (wire text: one value per case) for the slot's inputs
+        drawn from ``seed``: every case must have the structure of the course's value
+        (:mod:`.structure`) before the check's compare (or :func:`.harness.same`) looks at it."""
         spec = self._spec(slot)
-        c = self.cases(slot, seed)
-        cases = wire.loads(c["cases"])
+        text, _ = self._draw(slot, seed)
+        cases = wire.loads(text)
         name = f"hidden check of {spec.exercise}" if spec.kind == "hidden" else spec.exercise
         try:
             gots = wire.loads(values)
             if not isinstance(gots, list):
-                raise wire.WireError("not a list of values")
+                raise wire.WireError(f"not a list of values but {structure.describe(gots)}")
         except wire.WireError as e:
             return self._verdict(False, f"{name}: the values sent by the notebook could not be read ({e})",
                                  spec, seed)
         if gots and isinstance(gots[0], wire.Raised) and gots[0].not_implemented:
             return {"passed": False, "message": f"{spec.exercise}: not implemented yet ({gots[0]})"}
         wants = wire.loads(self.reference(slot, seed))
-        for i, (case, got, want) in enumerate(zip(cases, gots, wants)):
-            where = f"{name}, case {i + 1} of {len(cases)}"
+        for got, want in zip(gots, wants):                # the run stops at a NotImplementedError
             if isinstance(got, wire.Raised) and got.not_implemented and not isinstance(want, wire.Raised):
                 return self._verdict(False, f"{spec.exercise}: not implemented yet ({got})", spec, seed, hint=False)
+        if len(gots) < len(cases):
+            return self._verdict(False, f"{name}: only {len(gots)} of {len(cases)} cases ran", spec, seed)
+        if len(gots) > len(cases):
+            return self._verdict(False, f"{name}: {len(gots)} values for {len(cases)} cases", spec, seed)
+        any_length = ANY_LENGTH.get(spec.exercise, frozenset())
+        for i, (case, got, want) in enumerate(zip(cases, gots, wants, strict=True)):
+            where = f"{name}, case {i + 1} of {len(cases)}"
             if isinstance(want, wire.Raised) and spec.compare is not None and not isinstance(got, wire.Raised):
                 return self._verdict(False, f"{where} — {self._describe(spec, case)}: the course's own answer "
                                             f"raised {want} on this case (report this to the course)", spec, seed)
+            if isinstance(got, wire.Raised) and not isinstance(want, wire.Raised):
+                return self._verdict(False, f"{where} — {self._describe(spec, case)}: "
+                                            f"{structure.raised_text(got)}", spec, seed)
+            try:
+                problem = structure.mismatch(got, want, any_length=any_length)
+            except Exception as e:  # noqa: BLE001 - odd values must become a verdict, not a crash
+                problem = f"the result could not be checked ({type(e).__name__}: {e})"
+            if problem:
+                return self._verdict(False, f"{where} — {self._describe(spec, case)}: {problem}", spec, seed)
             try:
                 if spec.compare is not None:
                     spec.compare(case, got, want)
@@ -180,10 +219,6 @@ class Judge:
             except Exception as e:  # noqa: BLE001 - odd values must become a verdict, not a crash
                 return self._verdict(False, f"{where} — {self._describe(spec, case)}: the result could not "
                                             f"be checked ({type(e).__name__}: {e})", spec, seed)
-        if len(gots) < len(cases):
-            return self._verdict(False, f"{name}: only {len(gots)} of {len(cases)} cases ran", spec, seed)
-        if len(gots) > len(cases):
-            return self._verdict(False, f"{name}: {len(gots)} values for {len(cases)} cases", spec, seed)
         return {"passed": True, "message": "", "cases": len(cases)}
 
     @staticmethod
@@ -246,6 +281,9 @@ def main(argv=None) -> int:
                 reply = {"path": judge.build(msg["strip"], msg.get("exercises_of", {}), msg["root"])}
             elif op == "compare":
                 reply = judge.compare(msg["slot"], int(msg["seed"]), msg["values"])
+            elif op == "reference":
+                reply = {"slot": msg["slot"], "seed": int(msg["seed"]),
+                         "values": judge.reference(msg["slot"], int(msg["seed"]))}
             else:
                 reply = {"error": f"unknown request {op!r}"}
         except Exception as e:  # noqa: BLE001 - one bad request is an answer, not the end

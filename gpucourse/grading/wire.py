@@ -50,6 +50,18 @@ __all__ = ["MAX_BYTES", "Opaque", "Raised", "Record", "WireError", "dumps", "enc
 #: the largest text :func:`dumps` writes and :func:`loads` reads (a check's values, one slot)
 MAX_BYTES = 16 << 20
 _MAX_DEPTH = 64
+#: the most elements one set (or keys one dict with non-``str`` keys) may hold in wire data
+MAX_KEYS = 100_000
+#: the most distinct keys of one set or dict that may share a ``hash()`` (more: an attack on the
+#: hash table, which would make building it quadratic)
+MAX_SAME_HASH = 8
+#: the tensor dtypes wire data may hold (no quantized, float8, … tensors: they are not read)
+TENSOR_DTYPES = frozenset({"float16", "float32", "float64", "bfloat16", "complex64", "complex128",
+                           "int8", "int16", "int32", "int64", "uint8", "bool"})
+#: the numpy dtype kinds wire data may hold: bool, signed, unsigned, float, complex (plain, native
+#: or byte-swapped; never object, structured, void, string or datetime arrays)
+ARRAY_KINDS = frozenset("biufc")
+_MAX_DIMS = 32
 
 
 class WireError(ValueError):
@@ -225,39 +237,55 @@ def _bytes(s) -> bytes:
 
 
 def _shape(shape) -> list[int]:
-    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                                              for n in shape):
-        raise WireError(f"bad shape {shape!r}")
+    if (not isinstance(shape, list) or len(shape) > _MAX_DIMS or not all(
+            isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_BYTES * 8 for n in shape)):
+        raise WireError(f"bad shape {_cut(shape)} (at most {_MAX_DIMS} sizes, each an int from 0 to "
+                        f"{MAX_BYTES * 8})")
     return shape
+
+
+def _cut(v, limit: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _decode_tensor(spec: dict):
     import torch
 
-    dtype = getattr(torch, str(spec.get("dtype")), None)
-    if not isinstance(dtype, torch.dtype):
-        raise WireError(f"unknown tensor dtype {spec.get('dtype')!r}")
+    name = spec.get("dtype")
+    if not isinstance(name, str) or name not in TENSOR_DTYPES:
+        raise WireError(f"tensor dtype {_cut(name)} is not wire data "
+                        f"(one of {', '.join(sorted(TENSOR_DTYPES))})")
+    dtype = getattr(torch, name)
     shape, data = _shape(spec.get("shape")), _bytes(spec.get("data"))
     numel = math.prod(shape)
     if len(data) != numel * dtype.itemsize:
-        raise WireError(f"tensor data of {len(data)} bytes does not fit shape {shape} of {dtype}")
+        raise WireError(f"tensor data of {len(data)} bytes does not fit shape {shape} of {name}")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
+    if dtype == torch.bool:                      # any byte but 0 is True (as numpy reads it), never a
+        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)   # bool byte torch has no value for
+        return (raw != 0).reshape(shape)
     return torch.frombuffer(bytearray(data), dtype=dtype).reshape(shape).clone()
 
 
 def _decode_ndarray(spec: dict):
     import numpy as np
 
+    name = spec.get("dtype")
     try:
-        dtype = np.dtype(str(spec.get("dtype")))
-    except TypeError as e:
-        raise WireError(f"unknown array dtype {spec.get('dtype')!r}") from e
-    if dtype.hasobject:
-        raise WireError("object arrays are not wire data")
+        if not isinstance(name, str) or len(name) > 8:
+            raise TypeError(name)
+        dtype = np.dtype(name)
+    except Exception:  # noqa: BLE001 - numpy raises TypeError, ValueError, SyntaxError … for odd names
+        raise WireError(f"unknown array dtype {_cut(name)}") from None
+    if dtype.kind not in ARRAY_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise WireError(f"array dtype {_cut(name)} is not wire data (bool, int, uint, float or complex only)")
     shape, data = _shape(spec.get("shape")), _bytes(spec.get("data"))
     if len(data) != math.prod(shape) * dtype.itemsize:
-        raise WireError("array data does not fit its shape")
+        raise WireError(f"array data of {len(data)} bytes does not fit shape {shape} of {dtype}")
+    if dtype.kind == "b":                        # any byte but 0 is True, as for tensors
+        return np.frombuffer(data, dtype=np.uint8).reshape(shape) != 0
     return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
 
 
@@ -277,9 +305,11 @@ def _decode(v, depth: int):
     if tag == "$t":
         return tuple(_decode(x, d) for x in _list(body))
     if tag == "$s":
-        return {_hashable(_decode(x, d)) for x in _list(body)}
+        return set(_keys([_decode(x, d) for x in _capped(_list(body), "set")], "set"))
     if tag == "$d":
-        return {_hashable(_decode(p[0], d)): _decode(p[1], d) for p in _pairs(body)}
+        pairs = _capped(_pairs(body), "dict")
+        keys = _keys([_decode(p[0], d) for p in pairs], "dict")
+        return dict(zip(keys, (_decode(p[1], d) for p in pairs), strict=True))
     if tag == "$f":
         if body not in _FLOATS:
             raise WireError(f"bad float {body!r}")
@@ -298,14 +328,19 @@ def _decode(v, depth: int):
     if tag == "$dtype":
         import torch
 
-        dtype = getattr(torch, str(body), None)
+        dtype = getattr(torch, body, None) if isinstance(body, str) and not body.startswith("_") else None
         if not isinstance(dtype, torch.dtype):
-            raise WireError(f"unknown dtype {body!r}")
+            raise WireError(f"unknown dtype {_cut(body)}")
         return dtype
     if tag == "$device":
         import torch
 
-        return torch.device(str(body))
+        if not isinstance(body, str) or len(body) > 40:
+            raise WireError(f"bad device {_cut(body)}")
+        try:
+            return torch.device(body)
+        except Exception:  # noqa: BLE001 - torch raises RuntimeError for a name it does not know
+            raise WireError(f"bad device {_cut(body)}") from None
     if tag == "$raised":
         body = _obj(body)
         return Raised(str(body.get("type", "?")), tuple(map(str, _list(body.get("mro", [])))),
@@ -340,6 +375,33 @@ def _pairs(v) -> list:
     return pairs
 
 
+def _capped(items: list, what: str) -> list:
+    if len(items) > MAX_KEYS:
+        raise WireError(f"a {what} of {len(items)} elements: wire data holds at most {MAX_KEYS} per {what}")
+    return items
+
+
+def _keys(values: list, what: str) -> list:
+    """``values`` as set elements / dict keys — refused when many distinct ones share a hash.
+
+    A set of integers that all hash alike (multiples of 2**61 - 1) takes quadratic time to build:
+    hashes are counted first, and a hash shared by more than :data:`MAX_SAME_HASH` values is refused
+    before any set or dict is built. (Equal values share their hash too; a set or dict sent by
+    :func:`dumps` never holds a value twice.)
+    """
+    from collections import Counter
+
+    keys = [_hashable(v) for v in values]
+    counts = Counter(hash(k) for k in keys)
+    if counts:
+        h, n = counts.most_common(1)[0]
+        if n > MAX_SAME_HASH:
+            example = next(k for k in keys if hash(k) == h)
+            raise WireError(f"a {what} whose {n} elements share one hash value (e.g. {_cut(example)}): "
+                            f"at most {MAX_SAME_HASH} may")
+    return keys
+
+
 def _hashable(v):
     if isinstance(v, list):
         return tuple(_hashable(x) for x in v)
@@ -362,4 +424,9 @@ def loads(text: str | bytes):
         raise WireError(f"not wire data: {e}") from None
     if not isinstance(doc, dict) or doc.get("wire") != 1 or "value" not in doc:
         raise WireError("not wire data (no version)")
-    return _decode(doc["value"], 0)
+    try:
+        return _decode(doc["value"], 0)
+    except WireError:
+        raise
+    except (Exception, RecursionError, MemoryError) as e:  # noqa: BLE001 - whatever odd data makes
+        raise WireError(f"not wire data: {type(e).__name__}: {_cut(str(e), 200)}") from None  # fail
