@@ -634,23 +634,35 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
             # the kernel gets its cases and nothing else: not the run's seed, not the check's title
             jobs[slot.index] = {"slot": slot.key, "payload": json.dumps(
                 {k: payload[k] for k in KERNEL_PAYLOAD if k in payload})}
-    # with bwrap, an exercise that forbids a helper is checked in a run whose package lacks it
-    runs = _plan(judges, release.chapter, nb, release) if mode == "bwrap" else [((), list(release.checks))]
-    records = []
-    for strip, members in runs:
-        package = judges.build(release.chapter, strip) if strip else None
-        mine = {i: j for i, j in jobs.items() if j["slot"].split("/")[0] in members}
+    def one_run(mine: dict, package: Path | None = None, upto: int | None = None) -> dict:
+        notebook = run if upto is None else nbformat.v4.new_notebook(cells=run.cells[:upto + 1],
+                                                                     metadata=run.metadata)
         work = Path(tempfile.mkdtemp(prefix="sub-", dir=work_root))
-        job = {"notebook": nbformat.writes(run), "slots": mine, "cwd": str(cwd or work),
+        job = {"notebook": nbformat.writes(notebook), "slots": mine, "cwd": str(cwd or work),
                "cell_timeout": options.cell_timeout, "notebook_timeout": options.notebook_timeout,
                "output_limit": options.limits.output_bytes}
         # the student's own copy, for relative paths (written by the shepherd, inside the sandbox's tmpfs)
-        records.append((mine, run_job(job, work=work, limits=options.limits, mode=mode,
-                                      wall=options.notebook_timeout + 180, hide=options.hide,
-                                      files={sub.path.name: sub.data}, package=package)))
-    record = _merge_records(records)
-    results = [_judge_slot(slot, record, judges, release.chapter, slots_of_judge, nb,
-                           submission=f"{sub.student}: {sub.path}") for slot in slots]
+        return run_job(job, work=work, limits=options.limits, mode=mode, wall=options.notebook_timeout + 180,
+                       hide=options.hide, files={sub.path.name: sub.data}, package=package)
+
+    def judged(slot: Slot, rec: dict) -> dict:
+        return _judge_slot(slot, rec, judges, release.chapter, slots_of_judge, nb,
+                           submission=f"{sub.student}: {sub.path}")
+
+    # 1) the notebook as its student ran it: every check (a forbidden helper is behind the kernel's gate)
+    record = one_run(jobs)
+    results = {slot.key: judged(slot, record) for slot in slots}
+    # 2) with bwrap, an exercise that forbids a helper and passed is checked again in a run whose package
+    #    does not contain the helper at all, the notebook cut after its last check; that verdict counts
+    extra = _recheck_without_helpers(judges, release, nb, slots, results, jobs, one_run, judged) \
+        if mode == "bwrap" else []
+    for rec in extra:
+        record["wall_seconds"] = round(record.get("wall_seconds", 0.0) + rec.get("wall_seconds", 0.0), 3)
+        for key in ("fatal", "limits_hit"):
+            if rec.get(key):
+                record.setdefault("limits_hit", []).extend([rec[key]] if key == "fatal" else rec[key])
+    record["runs"] = 1 + len(extra)
+    results = [results[slot.key] for slot in slots]
     graded_cells = {s.index for s in slots}
     cells = record["cells"]
     others = [(origin[i] if origin[i] is not None else i, row["error"]) for i, row in enumerate(cells)
@@ -675,48 +687,33 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
     return Graded(sub, rows, "graded", others, problem, record)
 
 
-def _plan(judges: "Judges", chapter: str, nb, release: Release) -> list[tuple[tuple, list[str]]]:
-    """The runs this submission is graded in: (helpers stripped from the package, exercises)."""
+def _recheck_without_helpers(judges: "Judges", release: Release, nb, slots: list[Slot], results: dict,
+                             jobs: dict, one_run, judged) -> list[dict]:
+    """Step 2 of :func:`grade_notebook`: each group of passed exercises that forbid a helper, run
+    again with a graded build that lacks the helpers the group forbids (see :mod:`.graded_build`).
+    A failed check needs no second run: a package with less in it cannot turn it into a pass that
+    counts. Returns the extra runs' records; ``results`` is updated in place."""
+    passed = {cid for cid in release.checks
+              if all(results[s.key]["passed"] for s in slots if s.id == cid)}
+    if not passed:
+        return []
     submitted = {cid: _answer_sources(nb, cid) for cid in release.checks}
-    plan = judges.plan(chapter, submitted)
-    runs = [(tuple(strip), members) for strip, members in plan["runs"]]
-    covered = {e for _, members in runs for e in members}
-    missing = [cid for cid in release.checks if cid not in covered]     # a check the judge does not know
-    if missing:
-        runs.insert(0, ((), missing))
-    return runs
-
-
-def _merge_records(records: list[tuple[dict, dict]]) -> dict:
-    """One record from a notebook's runs: each graded cell from the run that graded it; an ordinary
-    cell as it ran in a run where it did not fail, if any (a demo cell that calls a helper one run
-    leaves out fails there only — not the student's error)."""
-    (_, first), = records[:1]
-    merged = dict(first, cells=list(first["cells"]), values={})
-    for index, cell in enumerate(merged["cells"]):
-        if cell.get("error"):
-            clean = next((rec["cells"][index] for _, rec in records[1:] if index < len(rec["cells"])
-                          and rec["cells"][index].get("status") not in (None, "not run")
-                          and not rec["cells"][index].get("error")), None)
-            if clean is not None:
-                merged["cells"][index] = clean
-    fatal, hits = [], []
-    for jobs, rec in records:
-        for index, job in jobs.items():
-            if 0 <= index < len(rec["cells"]):
-                while len(merged["cells"]) <= index:
-                    merged["cells"].append({"status": "not run", "error": "", "message": "", "seconds": 0.0})
-                merged["cells"][index] = rec["cells"][index]
-            if job["slot"] in rec.get("values", {}):
-                merged["values"][job["slot"]] = rec["values"][job["slot"]]
-        fatal.append(rec.get("fatal", ""))
-        hits += rec.get("limits_hit", [])
-    merged["fatal"] = "; ".join(dict.fromkeys(filter(None, fatal)))
-    merged["limits_hit"] = list(dict.fromkeys(hits))
-    merged["wall_seconds"] = round(sum(rec.get("wall_seconds", 0.0) for _, rec in records), 3)
-    merged["leftovers_killed"] = sum(rec.get("leftovers_killed", 0) for _, rec in records)
-    merged["runs"] = len(records)
-    return merged
+    plan = judges.plan(release.chapter, submitted)
+    forbidding = {e for names in plan.get("exercises_of", {}).values() for e in names}
+    records = []
+    for strip, members in plan["runs"]:
+        todo = [e for e in members if e in passed and e in forbidding]
+        if not strip or not todo:
+            continue
+        mine = {i: j for i, j in jobs.items() if j["slot"].split("/")[0] in todo}
+        if not mine:
+            continue
+        rec = one_run(mine, judges.build(release.chapter, tuple(strip)), max(mine))
+        for slot in slots:
+            if slot.id in todo and slot.index in mine:
+                results[slot.key] = judged(slot, rec)
+        records.append(rec)
+    return records
 
 
 def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: dict, nb,

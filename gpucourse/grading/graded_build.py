@@ -12,8 +12,9 @@ original in a table, ``importlib.reload`` brought it back). So the grader remove
               ├─► build(stripped) : a copy of gpucourse/ in which each stripped function — or every
               │                     method of a stripped class — raises ForbiddenCall; nothing else
               │                     of it is left (no body, no docstring, no bytecode cache)
-              └─► the notebook runs once per group, in bwrap, with that copy bound read-only where
-                  the package is; only that group's checks are collected from that run
+              └─► after the notebook's ordinary run, each group whose exercises passed runs again
+                  (cut after its last check), in bwrap, with that copy bound read-only where the
+                  package is; only that group's checks are collected from it, and their verdicts count
 
 So while an exercise that forbids ``gc.X`` is checked, ``gc.X``'s implementation is not in the
 kernel's reach at all: not on disk, not in memory. What remains is copying its source *text* into

@@ -271,6 +271,31 @@ def visible_paths() -> list[Path]:
     return sorted((p for p in paths if p.exists()), key=lambda q: len(q.parts))
 
 
+_FEATURES: set[str] | None = None
+
+
+def bwrap_features() -> set[str]:
+    """Which of bwrap's newer options this bwrap has (``--perms`` 0.5, ``--size`` 0.7,
+    ``--disable-userns`` 0.8): an older one still sandboxes, without what it lacks."""
+    global _FEATURES
+    if _FEATURES is None:
+        exe = shutil.which("bwrap")
+        try:
+            text = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30).stdout if exe else ""
+        except (OSError, subprocess.TimeoutExpired):
+            text = ""
+        _FEATURES = {o for o in ("--perms", "--size", "--disable-userns") if o in text}
+    return _FEATURES
+
+
+def _tmpfs(path: str, size: str, mode: str = "1777") -> list[str]:
+    """A tmpfs at ``path``: world-writable with the sticky bit (the unprivileged user writes there)
+    and of ``size`` bytes, where this bwrap can say so."""
+    have = bwrap_features()
+    return (["--perms", mode] if "--perms" in have else []) + (["--size", size] if "--size" in have else []) + [
+        "--tmpfs", path]
+
+
 def _parent_dirs(path: Path, mounted: list[str], made: set[str]) -> list[str]:
     """``--dir`` for each folder above ``path`` that bwrap would otherwise create root-only (0700):
     the unprivileged user inside must pass through them. Folders at or below a mount already made
@@ -280,7 +305,7 @@ def _parent_dirs(path: Path, mounted: list[str], made: set[str]) -> list[str]:
         text = str(parent)
         if text == "/" or text in made or any(text == m or text.startswith(m + "/") for m in mounted):
             continue
-        argv += ["--perms", "0755", "--dir", text]
+        argv += (["--perms", "0755"] if "--perms" in bwrap_features() else []) + ["--dir", text]
         made.add(text)
     return argv
 
@@ -298,8 +323,7 @@ def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None,
             argv += ["--ro-bind", d, d]
     # every mount bwrap makes (binds, tmpfs) is nosuid and nodev; /dev holds only the safe nodes
     size = str(limits.disk_bytes)
-    argv += ["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-             "--tmpfs", "/run"]
+    argv += ["--dev", "/dev", "--proc", "/proc", *_tmpfs("/tmp", size), "--tmpfs", "/run"]
     shown = visible_paths()
     mounted = [d for d in SYSTEM_DIRS if not os.path.islink(d)] + ["/tmp", "/run", "/dev", "/proc"]
     made: set[str] = set()
@@ -316,7 +340,7 @@ def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None,
     # the work copy: a tmpfs of its own (what the notebook writes counts against disk_bytes, not the
     # host's disk); the shepherd writes the submission into it
     argv += _parent_dirs(work, mounted, made)
-    argv += ["--perms", "1777", "--size", size, "--tmpfs", str(work), "--chdir", str(work),
+    argv += [*_tmpfs(str(work), size), "--chdir", str(work),
              "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
              "--new-session"]
     if os.getuid() == 0:
@@ -325,7 +349,8 @@ def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None,
         argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
                  "--cap-add", "CAP_SETPCAP"]
     else:
-        argv += ["--unshare-user", "--disable-userns"]
+        # an ordinary user's bwrap runs in a user namespace anyway; where it can, it forbids more of them
+        argv += ["--unshare-user", "--disable-userns"] if "--disable-userns" in bwrap_features() else []
     return argv + ["--"]
 
 

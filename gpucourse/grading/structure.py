@@ -60,7 +60,7 @@ def raised_text(r: Raised) -> str:
         'the code raised ValueError: bad size'
     """
     lines = [line.strip() for line in r.message.splitlines() if line.strip()]
-    first = lines[0][:300] if lines else ""
+    first = (lines[0][:300] + ("…" if len(lines[0]) > 300 else "")) if lines else ""
     if r.remote_type and _RANK_LINE.match(first):
         return first
     if r.remote_type:
