@@ -42,7 +42,8 @@ from .gradebook import (ERROR_LIMIT, NAME_LIMIT, Row, cut, earned, printable, su
 from .restore import NotANotebook, Release, Slot, chapter_of, load_releases, parse_notebook, restore
 from .sandbox import Limits, describe, isolation, run_job
 
-__all__ = ["Judges", "Options", "Submission", "discover", "find_solutions", "grade", "grade_notebook"]
+__all__ = ["Judges", "Options", "Submission", "discover", "find_solutions", "grade", "grade_notebook",
+           "one_per_chapter"]
 
 MAX_NOTEBOOK_BYTES = 32 << 20
 #: what of the judge's ``cases`` reply a kernel receives: its inputs, their seeds, what it may not call
@@ -56,6 +57,9 @@ class Submission:
     data: bytes | None = None
     problem: str = ""
     file_id: tuple = ()         # (device, inode) of the file read: the same file named twice is one
+    chapter: str | None = None  # the chapter it is taken for (:func:`one_per_chapter`)
+    carries: bool = True        # False: another of the student's files carries this chapter's points
+    note: str = ""              # how it was matched, said in the student's row
 
 
 @dataclass
@@ -318,7 +322,8 @@ def discover(paths: list[str]) -> list[Submission]:
     * the same file named twice for the same student (``grade subs subs/alice``) is read once; a
       file that two students both hand in (a hard link) is each student's own row.
 
-    A student who hands in the same chapter twice gets both listed and a problem naming both files.
+    Which of a student's files is graded for a chapter is decided later, with the release's file
+    names at hand (:func:`one_per_chapter`).
     """
     subs: list[Submission] = []
     absolute = [Path(os.path.abspath(p)) for p in paths]
@@ -347,23 +352,92 @@ def discover(paths: list[str]) -> list[Submission]:
             continue
         done.add(key)
         unique.append(sub)
-    seen: dict[tuple[str, str], Path] = {}
-    for sub in unique:
-        if sub.problem.startswith("not graded"):    # refused: never the chapter's first copy
-            continue
-        key = (sub.student, sub.path.name[:3] if _COURSE_NAME.match(sub.path.name) else sub.path.name)
-        if key in seen:
-            sub.problem = sub.problem or (f"duplicate: {sub.student} handed in chapter {key[1][:2]} twice "
-                                          f"({seen[key]} and {sub.path}); only the first is graded")
-        seen.setdefault(key, sub.path)
     return unique
+
+
+def _chapter_of_file(sub: Submission) -> str | None:
+    """The chapter a submitted file is taken for: a course notebook's name says it (``02_….ipynb``,
+    ``02_…-Copy1.ipynb``); any other file's exercise ids do (None when it cannot be read)."""
+    if _COURSE_NAME.match(sub.path.name):
+        return sub.path.name[:2]
+    if sub.data is None or sub.problem:
+        return None
+    try:
+        return chapter_of(parse_notebook(sub.data, sub.path.name), sub.path.name)[0]
+    except NotANotebook:
+        return None
+
+
+def _refused(sub: Submission) -> bool:
+    return sub.problem.startswith("not graded")
+
+
+def one_per_chapter(subs: list[Submission], releases: dict[str, Release], only: str | None = None
+                    ) -> tuple[list[Submission], list[Submission]]:
+    """Which of each student's files is graded for a chapter: ``(to grade, left out)``.
+
+    One rule, so that the maximum never counts a chapter twice:
+
+    * a file is taken for the chapter its name says (``02_data_parallel_exercises-Copy1.ipynb`` is
+      chapter 02); a file named like no course notebook (``homework.ipynb``) for the chapter of its
+      exercise ids, and its row says so;
+    * of a student's files of one chapter, the one with the release's exact file name is graded; the
+      others are *ignored*: listed in the student's row ("ignored …-Copy1.ipynb"), worth nothing
+      and adding nothing to the maximum;
+    * only when none has the exact name and several could be the chapter's is the chapter flagged
+      *duplicate*: 0 of its points, once, with the files' names (rename the one to grade);
+    * with ``only`` (``grade --chapter NN``, or a release of one notebook), files of other chapters
+      are left out (returned second); a file whose chapter cannot be told is graded for ``only``.
+
+    A file refused at discovery (a link, a notebook in a folder inside the student's) keeps its
+    reason; it carries the chapter's points only when it is the chapter's one file.
+    """
+    kept, left_out = [], []
+    for sub in subs:
+        sub.chapter = _chapter_of_file(sub)
+        if only is not None:
+            if sub.chapter is not None and sub.chapter != only:
+                left_out.append(sub)
+                continue
+            sub.chapter = only
+        kept.append(sub)
+    groups: dict[tuple[str, str], list[Submission]] = {}
+    for sub in kept:
+        if sub.chapter is not None:
+            groups.setdefault((sub.student, sub.chapter), []).append(sub)
+    for (student, chapter), group in groups.items():
+        name = releases[chapter].path.name if chapter in releases else None
+        if len(group) > 1:
+            group.sort(key=_refused)                # stable: a refused file never outranks a readable one
+            exact = [s for s in group if s.path.name == name]
+            if exact:
+                chosen = exact[0]
+                for s in group:
+                    if s is not chosen:
+                        s.carries = False
+                        if not _refused(s):
+                            s.problem = (f"ignored: {s.path.name} is another copy of chapter {chapter}; "
+                                         f"{name} (the release's file name) is the one graded")
+            else:
+                files = ", ".join(s.path.name for s in group)
+                rename = f": rename the one to grade to {name}" if name else ""
+                why = (f"duplicate: {student} handed in chapter {chapter} {len(group)} times ({files}) "
+                       f"and none is named like the release's notebook{rename}")
+                for i, s in enumerate(group):
+                    s.carries = i == 0
+                    if not _refused(s):
+                        s.problem = why
+        for s in group:
+            if s.carries and not s.problem and not _COURSE_NAME.match(s.path.name) and s.path.stem != student:
+                s.note = f"{s.path.name}: chapter {chapter} by its exercise ids"
+    return kept, left_out
 
 
 @dataclass
 class Graded:
     sub: Submission
     rows: list[Row]
-    status: str                 # graded / unreadable / wrong chapter / no release
+    status: str                 # graded / unreadable / wrong chapter / no release / ignored / …
     others: list = field(default_factory=list)
     problem: str = ""
     record: dict = field(default_factory=dict)
@@ -378,7 +452,8 @@ def _bad(sub: Submission, status: str, why: str, release: Release | None = None)
             rows.append(Row(sub.student, sub.path.name, cid, rc.title, "✗", "", 0, rc.points, 0.0,
                             why, "", status))
     else:
-        rows.append(Row(sub.student, sub.path.name, "-", sub.path.name, "✗", "", 0, 0, 0.0, why, "", status))
+        rows.append(Row(sub.student, sub.path.name, "-", sub.path.name, "" if status == "ignored" else "✗", "",
+                        0, 0, 0.0, why, "", status))
     return Graded(sub, rows, status, problem=why)
 
 
@@ -386,7 +461,7 @@ def _release_by_name(sub: Submission, releases: dict[str, Release], expected: st
     """The release a notebook that could not be read was meant for: its file name's chapter, or the
     one chapter being graded."""
     m = _COURSE_NAME.match(sub.path.name)
-    return releases.get(sub.path.name[:2]) if m else releases.get(expected or "")
+    return releases.get(sub.path.name[:2]) if m else releases.get(expected or sub.chapter or "")
 
 
 def choose_release(nb, filename: str, releases: dict[str, Release], expected: str | None
@@ -545,8 +620,10 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
                    work_root: Path | None = None, cwd: Path | None = None) -> Graded:
     """Grade one submission (never raises for the submission's sake)."""
     if sub.problem:
-        status = next((s for s in ("duplicate", "not graded") if sub.problem.startswith(s)), "unreadable")
-        return _bad(sub, status, sub.problem, _release_by_name(sub, releases, expected))
+        status = next((s for s in ("duplicate", "not graded", "ignored") if sub.problem.startswith(s)),
+                      "unreadable")
+        # a file that does not carry its chapter (a copy) is one "-" row worth 0 of 0
+        return _bad(sub, status, sub.problem, _release_by_name(sub, releases, expected) if sub.carries else None)
     try:
         nb = parse_notebook(sub.data, sub.path.name)
     except NotANotebook as e:
@@ -767,7 +844,7 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     if solutions is not None and not Path(solutions).is_dir():
         print(f"gpucourse grade: solutions folder {solutions!r} not found", file=sys.stderr)
         return 2
-    subs = discover(paths)
+    subs, _ = one_per_chapter(discover(paths), releases)
     if not subs:
         print("gpucourse grade: no notebooks (*.ipynb) in " + " ".join(map(printable, paths)),
               file=sys.stderr)
@@ -796,6 +873,8 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
                                    expected=expected, work_root=Path(root))
             except Exception as e:  # noqa: BLE001 - one odd notebook is a row, never a crash
                 g = _bad(sub, "unreadable", f"could not be graded: {type(e).__name__}: {e}")
+            for r in g.rows:
+                r.note = sub.note
             if not quiet:
                 _print_notebook(g)
             return g
@@ -812,7 +891,7 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     if json_path:
         write_json(rows, json_path, isolation=line, seed=seed, notebooks=[
             {"student": cut(g.sub.student, NAME_LIMIT), "notebook": cut(g.sub.path, 2 * NAME_LIMIT),
-             "status": g.status, "problem": cut(g.problem, ERROR_LIMIT),
+             "status": g.status, "problem": cut(g.problem, ERROR_LIMIT), "note": cut(g.sub.note, ERROR_LIMIT),
              "wall_seconds": g.record.get("wall_seconds", 0.0), "phases": g.record.get("phases", {}),
              "processes_killed_after": g.record.get("leftovers_killed", 0),
              "other_errors": _other_errors(g)} for g in graded])
@@ -821,7 +900,7 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     written = [p for p in (csv_path, json_path, feedback) if p]
     if written:
         print("gradebook written to " + ", ".join(written))
-    if any(g.status != "graded" for g in graded):
+    if any(g.status not in ("graded", "ignored") for g in graded):
         return 2
     ok = all(r.points == r.max for r in rows)
     return 0 if ok else 1

@@ -17,7 +17,8 @@ CSV/JSON columns (:data:`COLUMNS`)::
     seconds   time the check cells ran
     error     the first line of the judge's reason (or why the notebook was not graded)
     restored  "edited" (the check was changed: restored), "deleted" (put back), "missing" (0 points)
-    status    graded / unreadable / duplicate / wrong chapter / no release / no checks / not graded
+    status    graded / unreadable / duplicate / wrong chapter / no release / no checks / not graded /
+              ignored (another copy of a chapter whose release-named file is graded: a "-" row, 0 of 0)
 
 The JSON also records the grading run: the isolation in force, the seed every check's inputs were
 drawn from (``grade --seed`` with it reproduces the grades), and per notebook its wall time and the
@@ -111,14 +112,17 @@ class Row:
     restored: str
     status: str
     message: str = ""        # the judge's full message (feedback only; never a hidden check's source)
+    note: str = ""           # how the notebook was matched ("homework.ipynb: chapter 02 by its exercise
+                             # ids"): in the student's line of the table and the feedback, not a column
 
     def __post_init__(self):
         # a student's exception or value can be megabytes long: cut once, for every output
         self.error = cut(self.error, ERROR_LIMIT)
         self.message = cut(self.message, MESSAGE_LIMIT)
+        self.note = cut(self.note, ERROR_LIMIT)
 
 
-COLUMNS = [f for f in Row.__dataclass_fields__ if f != "message"]
+COLUMNS = [f for f in Row.__dataclass_fields__ if f not in ("message", "note")]
 
 
 def earned(points: float, visible_passed: bool, hidden_passed: bool | None) -> float:
@@ -176,8 +180,10 @@ def _totals(rows: list[Row]) -> dict[str, dict]:
             t["hid"] += r.hidden == "✓"
         if r.notebook not in t["notebooks"]:
             t["notebooks"].append(r.notebook)
-        if r.status != "graded" and r.status not in t["notes"]:
-            t["notes"].append(r.status)
+        note = f"ignored {r.notebook}" if r.status == "ignored" else r.status if r.status != "graded" else ""
+        for n in (note, r.note):
+            if n and n not in t["notes"]:
+                t["notes"].append(n)
         if r.restored and f"{r.exercise} {r.restored}" not in t["notes"]:
             t["notes"].append(f"{r.exercise} {r.restored}")
     return out
@@ -242,6 +248,7 @@ def feedback_markdown(student: str, rows: list[Row]) -> str:
     t = _totals(rows)[student]
     lines = [f"# Feedback for {_code(cut(student, NAME_LIMIT))}", "",
              "Notebook: " + ", ".join(_code(cut(n, NAME_LIMIT)) for n in t["notebooks"]), "",
+             *[line for n in dict.fromkeys(r.note for r in rows if r.note) for line in (f"Note: {_code(n)}", "")],
              f"Points: **{_num(t['points'])} / {_num(t['max'])}** — an exercise earns its points when "
              "its check passes, and its hidden check too when one was run.", "",
              "| exercise | check | hidden | points | note |", "|---|---|---|---|---|"]
@@ -255,7 +262,7 @@ def feedback_markdown(student: str, rows: list[Row]) -> str:
         label = f"{r.exercise} {r.title}" if r.exercise != "-" else _code(cut(r.title, NAME_LIMIT))
         lines.append(f"| {_cell(label)} | {r.visible} | {r.hidden or '-'} | {_num(r.points)}/{_num(r.max)} | "
                      f"{_cell('; '.join(parts))} |")
-    failed = [r for r in rows if r.points < r.max or r.visible != "✓"]
+    failed = [r for r in rows if (r.points < r.max or r.visible != "✓") and r.status != "ignored"]
     if failed:
         lines += ["", "## What to look at", ""]
         for r in failed:

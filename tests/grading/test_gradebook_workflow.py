@@ -1,0 +1,111 @@
+"""Issue 39: a class graded the way an instructor works, and a gradebook that adds up.
+
+Each test grades a class of the tiny chapter-99 release (seconds) or needs no notebook run at all:
+
+* a chapter handed in twice is graded one way (the release's file name wins; other copies are
+  ignored, and listed; "duplicate" only when no file has that name), and the maximum never counts a
+  chapter twice;
+"""
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from _grading_helpers import TINY, tiny_submission
+
+from gpucourse.grading.grade import Options, Submission, discover, grade
+from gpucourse.grading.restore import load_releases
+
+OPTS = dict(cell_timeout=60, notebook_timeout=120)
+COPY1 = TINY.replace(".ipynb", "-Copy1.ipynb")
+COPY2 = TINY.replace(".ipynb", "-Copy2.ipynb")
+
+
+def _hand_in(subs: Path, student: str, name: str, answer: str) -> Path:
+    """``subs/student/name``: the tiny release with ``answer`` as square's body."""
+    path = tiny_submission(subs, "_scratch", answer)
+    (subs / student).mkdir(parents=True, exist_ok=True)
+    target = subs / student / name
+    path.rename(target)
+    path.parent.rmdir()
+    return target
+
+
+def _grade(paths, rel, sol, **kw) -> tuple[int, dict, str]:
+    out = io.StringIO()
+    json_path = kw.pop("json_path")
+    with contextlib.redirect_stdout(out):
+        code = grade([str(p) for p in paths], release=str(rel), solutions=str(sol), workers=2,
+                     json_path=str(json_path), options=Options(**OPTS), **kw)
+    return code, json.loads(Path(json_path).read_text(encoding="utf-8")), out.getvalue()
+
+
+def _mine(data, student):
+    return [r for r in data["rows"] if r["student"] == student]
+
+
+def _line(stdout: str, student: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith(student + " "))
+
+
+def test_copies_of_a_chapter_are_graded_one_way(tiny_release, tmp_path):
+    rel, sol = tiny_release
+    subs = tmp_path / "subs"
+    _hand_in(subs, "dan", TINY, "return x * x")            # the final notebook
+    _hand_in(subs, "dan", COPY1, "return 0")               # Jupyter's duplicate, a draft
+    _hand_in(subs, "eve", COPY1, "return x * x")           # two copies, neither named like the release
+    _hand_in(subs, "eve", COPY2, "return x * x")
+    _hand_in(subs, "gus", "homework.ipynb", "return x * x")   # named like no course notebook
+    code, data, stdout = _grade([subs], rel, sol, json_path=tmp_path / "g.json")
+
+    dan = _mine(data, "dan")
+    graded = [r for r in dan if r["status"] == "graded"]
+    assert [r["notebook"] for r in graded] == [TINY] and graded[0]["points"] == 3, dan
+    ignored, = [r for r in dan if r["status"] == "ignored"]
+    assert ignored["notebook"] == COPY1 and ignored["max"] == 0 and TINY in ignored["error"], ignored
+    assert sum(r["max"] for r in dan) == 3                                   # never the chapter twice
+    assert f"ignored {COPY1}" in _line(stdout, "dan") and "3/3" in _line(stdout, "dan")
+
+    eve = _mine(data, "eve")
+    assert sum(r["points"] for r in eve) == 0 and sum(r["max"] for r in eve) == 3, eve
+    assert {r["status"] for r in eve} == {"duplicate"}
+    assert all(COPY1 in r["error"] and COPY2 in r["error"] for r in eve), eve
+
+    gus = _mine(data, "gus")
+    assert [(r["notebook"], r["points"], r["max"]) for r in gus] == [("homework.ipynb", 3, 3)], gus
+    assert "homework.ipynb: chapter 99 by its exercise ids" in _line(stdout, "gus")
+    note, = [n["note"] for n in data["notebooks"] if n["student"] == "gus"]
+    assert "by its exercise ids" in note
+    assert code == 2                                  # eve's chapter could not be graded
+
+
+def test_one_per_chapter_without_running_anything(tiny_release, tmp_path):
+    from gpucourse.grading.grade import one_per_chapter
+
+    rel, _ = tiny_release
+    releases = load_releases(rel)
+    data = (rel / TINY).read_bytes()
+
+    def sub(student, name, **kw):
+        return Submission(student, tmp_path / student / name, data, **kw)
+
+    class_ = [sub("ann", COPY1), sub("ann", TINY), sub("bo", COPY2), sub("bo", COPY1),
+              sub("cy", TINY, problem="not graded: zoe/x is in a folder inside cy's folder"),
+              sub("cy", TINY), sub("flat", "flat.ipynb")]
+    kept, left_out = one_per_chapter(class_, releases)
+    assert left_out == []
+    by = {(s.student, s.path.name): s for s in kept}
+    assert by[("ann", TINY)].problem == "" and by[("ann", TINY)].carries
+    assert by[("ann", COPY1)].problem.startswith("ignored") and not by[("ann", COPY1)].carries
+    assert [by[("bo", n)].problem.startswith("duplicate") for n in (COPY2, COPY1)] == [True, True]
+    assert [by[("bo", n)].carries for n in (COPY2, COPY1)] == [True, False]      # the chapter once
+    readable, = [s for s in kept if s.student == "cy" and not s.problem]
+    assert readable.carries and sum(s.carries for s in kept if s.student == "cy") == 1
+    assert by[("flat", "flat.ipynb")].note == ""          # a flat class's file is its student: no note
+    # discovery itself no longer decides (it does not know the release's names)
+    (tmp_path / "dan").mkdir()
+    for name in (TINY, COPY1):
+        (tmp_path / "dan" / name).write_bytes(data)
+    assert [s.problem for s in discover([str(tmp_path / "dan")])] == ["", ""]
