@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> int:
                                      "sandboxed, gradebook out")
     p.add_argument("submissions", nargs="+", help="submitted notebooks, or folders of them "
                                                   "(subs/<student>/*.ipynb or flat subs/*.ipynb)")
-    p.add_argument("--release", default="exercises",
-                   help="release folder (or one notebook) the checks come from (default exercises/)")
+    p.add_argument("--release", default=None,
+                   help="release folder (or one notebook) the checks come from (default: exercises/ of the "
+                        "course the package belongs to, else ./exercises; the first lines printed say which)")
     p.add_argument("--chapter", default=None, help="every submission must be this chapter (NN)")
     p.add_argument("--hidden", nargs="?", const="", default=None, metavar="SOLUTIONS",
                    help="also run the hidden checks (from --solutions, or the folder given here)")

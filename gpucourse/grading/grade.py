@@ -808,23 +808,46 @@ def _answer_folders(solutions) -> list[Path]:
     return [f for f in folders if f.exists()]
 
 
+def course_release() -> Path | None:
+    """The release of the course this package belongs to, found as the judge finds ``solutions/``:
+    ``exercises/`` in the course folder next to the package (``gpucourse/../exercises``), else
+    ``exercises/`` in the current folder (a package installed away from its course)."""
+    import gpucourse
+
+    for folder in (Path(gpucourse.__file__).resolve().parents[1] / "exercises", Path.cwd() / "exercises"):
+        if folder.is_dir() and any(folder.glob("[0-9][0-9]_*.ipynb")):
+            return folder
+    return None
+
+
 def default_workers() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | None = None,
+def grade(paths: list[str], *, release: str | None = None, hidden_from: str | None = None,
           workers: int | None = None, csv_path: str | None = None, json_path: str | None = None,
           feedback: str | None = None, feedback_format: str = "md", options: Options | None = None,
           chapter: str | None = None, quiet: bool = False, solutions: str | None = None,
           hidden: bool | None = None, seed: int | None = None, allow_unisolated: bool = False) -> int:
-    """The ``grade`` command. Returns the exit status."""
+    """The ``grade`` command. Returns the exit status.
+
+    ``release``: the folder (or one notebook) the checks come from; by default the course's own
+    (:func:`course_release`), wherever the command is run from.
+    """
     options = options or Options()
     missing = [p for p in paths if not os.path.lexists(p)]      # a dangling link is a student's row
     if missing:
         print(f"gpucourse grade: no such file or folder: {', '.join(map(printable, missing))}",
               file=sys.stderr)
         return 2
-    if not Path(release).exists():
+    if release is None:
+        found = course_release()
+        if found is None:
+            print("gpucourse grade: the course's release (exercises/) was not found next to the gpucourse "
+                  "package nor in the current folder: pass --release exercises/", file=sys.stderr)
+            return 2
+        release = str(found)
+    elif not Path(release).exists():
         print(f"gpucourse grade: release {release!r} not found (pass --release exercises/)", file=sys.stderr)
         return 2
     releases = load_releases(release)
@@ -861,6 +884,8 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     line = describe(mode, options.limits)
     workers = workers or default_workers()
     seed = random.SystemRandom().randrange(1 << 62) if seed is None else int(seed)
+    print(f"release: {Path(release).resolve()} (chapter{'s' if len(releases) > 1 else ''} "
+          f"{', '.join(releases)})", flush=True)
     print(f"grading {len(subs)} notebook(s) with {workers} worker(s); {line}", flush=True)
     print(f"check inputs drawn from seed {seed} (the same grades again: --seed {seed})", flush=True)
     judges = Judges(solutions, seed, private_network=mode == "bwrap")     # nothing listens on the host

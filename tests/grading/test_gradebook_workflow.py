@@ -5,11 +5,15 @@ Each test grades a class of the tiny chapter-99 release (seconds) or needs no no
 * a chapter handed in twice is graded one way (the release's file name wins; other copies are
   ignored, and listed; "duplicate" only when no file has that name), and the maximum never counts a
   chapter twice;
+* ``grade`` finds the course's release wherever it is run from, and says which it used;
 """
 
 import contextlib
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +22,7 @@ from _grading_helpers import TINY, tiny_submission
 from gpucourse.grading.grade import Options, Submission, discover, grade
 from gpucourse.grading.restore import load_releases
 
+ROOT = Path(__file__).resolve().parents[2]
 OPTS = dict(cell_timeout=60, notebook_timeout=120)
 COPY1 = TINY.replace(".ipynb", "-Copy1.ipynb")
 COPY2 = TINY.replace(".ipynb", "-Copy2.ipynb")
@@ -109,3 +114,30 @@ def test_one_per_chapter_without_running_anything(tiny_release, tmp_path):
     for name in (TINY, COPY1):
         (tmp_path / "dan" / name).write_bytes(data)
     assert [s.problem for s in discover([str(tmp_path / "dan")])] == ["", ""]
+
+
+def _cli(*args, cwd, timeout=300) -> subprocess.CompletedProcess:
+    """``python -m gpucourse …`` with this checkout's package, run from ``cwd``."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "gpucourse", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_grade_finds_the_course_release_from_any_folder(tiny_release, tmp_path):
+    rel, _ = tiny_release
+    subs, elsewhere = tmp_path / "subs", tmp_path / "elsewhere"
+    (subs / "alice").mkdir(parents=True)
+    elsewhere.mkdir()
+    (subs / "alice" / "00_setup_exercises.ipynb").write_bytes(b'{"cells": [')     # truncated: no kernel runs
+    r = _cli("grade", subs, "--json", "g.json", cwd=elsewhere)
+    assert r.returncode == 2, r.stdout + r.stderr
+    first = (r.stdout.splitlines() or [""])[0]
+    assert first.startswith(f"release: {ROOT / 'exercises'} (chapters 00, 01"), r.stdout + r.stderr
+    rows = json.loads((elsewhere / "g.json").read_text())["rows"]
+    assert rows and {row["exercise"][:3] for row in rows} == {"00."}, rows
+    assert {row["status"] for row in rows} == {"unreadable"}
+    # --release still overrides
+    (subs / "alice" / "00_setup_exercises.ipynb").rename(subs / "alice" / TINY)
+    r = _cli("grade", subs, "--release", rel, "--json", "h.json", cwd=elsewhere)
+    assert r.stdout.splitlines()[0] == f"release: {rel.resolve()} (chapter 99)", r.stdout + r.stderr
+    assert [row["exercise"] for row in json.loads((elsewhere / "h.json").read_text())["rows"]] == ["99.1"]
