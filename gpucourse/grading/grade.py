@@ -37,8 +37,8 @@ from pathlib import Path
 import nbformat
 
 from .exercises import EXERCISE_HEADING
-from .gradebook import (ERROR_LIMIT, NAME_LIMIT, Row, cut, earned, printable, summary_table, write_csv,
-                        write_feedback, write_json)
+from .gradebook import (ERROR_LIMIT, NAME_LIMIT, NotAGradebook, Row, Update, cut, earned, printable, stored_student,
+                        students_in, summary_table, write_csv, write_feedback, write_json)
 from .restore import NotANotebook, Release, Slot, chapter_of, load_releases, parse_notebook, restore
 from .sandbox import Limits, describe, isolation, run_job
 
@@ -820,6 +820,38 @@ def course_release() -> Path | None:
     return None
 
 
+def _names(names, limit: int = 10) -> str:
+    shown = [printable(n, NAME_LIMIT) for n in names[:limit]]
+    return ", ".join(shown) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _overwrite_problem(targets: list[tuple[str, str]], students: list[str], update: bool) -> str:
+    """Why this run may not write its gradebook files (``targets``: (path, kind)), or "": a file that
+    is no gradebook of this grader is never written over; one that holds students not graded in
+    this run is merged into with ``update``, never silently replaced."""
+    for path, kind in targets:
+        try:
+            held = students_in(path, kind)
+        except NotAGradebook as e:
+            return f"{e}; it was left as it is: write the gradebook to another file"
+        mine = {stored_student(s, kind) for s in students}
+        others = [s for s in held if s not in mine]
+        if others and not update:
+            return (f"{path} holds the grades of {len(others)} student(s) not graded in this run "
+                    f"({_names(others)}); writing it would lose them. Pass --update to merge this run "
+                    "into it, student by student (theirs are kept), or write to another file")
+    return ""
+
+
+def _say_update(path: str, done: Update | None) -> None:
+    if done is not None:
+        parts = [f"{len(done.regraded)} student(s) regraded" + (f" ({_names(done.regraded)})" if done.regraded else "")]
+        if done.added:
+            parts.append(f"{len(done.added)} added ({_names(done.added)})")
+        parts.append(f"{done.kept} kept as they were")
+        print(f"updated {printable(path)}: " + "; ".join(parts))
+
+
 def default_workers() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
@@ -828,11 +860,14 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
           workers: int | None = None, csv_path: str | None = None, json_path: str | None = None,
           feedback: str | None = None, feedback_format: str = "md", options: Options | None = None,
           chapter: str | None = None, quiet: bool = False, solutions: str | None = None,
-          hidden: bool | None = None, seed: int | None = None, allow_unisolated: bool = False) -> int:
+          hidden: bool | None = None, seed: int | None = None, allow_unisolated: bool = False,
+          update: bool = False) -> int:
     """The ``grade`` command. Returns the exit status.
 
     ``release``: the folder (or one notebook) the checks come from; by default the course's own
-    (:func:`course_release`), wherever the command is run from.
+    (:func:`course_release`), wherever the command is run from. A CSV or JSON gradebook already at
+    ``csv_path``/``json_path`` that holds students not in this run is not replaced (exit 2) unless
+    ``update``, which merges this run into it student by student.
     """
     options = options or Options()
     missing = [p for p in paths if not os.path.lexists(p)]      # a dangling link is a student's row
@@ -871,6 +906,11 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
     if not subs:
         print("gpucourse grade: no notebooks (*.ipynb) in " + " ".join(map(printable, paths)),
               file=sys.stderr)
+        return 2
+    targets = [(p, kind) for p, kind in ((csv_path, "csv"), (json_path, "json")) if p]
+    why = _overwrite_problem(targets, [s.student for s in subs], update)
+    if why:
+        print(f"gpucourse grade: {why}", file=sys.stderr)
         return 2
     mode = isolation(options.use_bwrap)
     if mode != "bwrap" and options.use_bwrap and not allow_unisolated:
@@ -912,14 +952,16 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
     print(f"\n{summary_table(rows)}")
     print(f"\n{len(subs)} notebook(s) in {time.monotonic() - started:.1f} s")
     if csv_path:
-        write_csv(rows, csv_path)
+        _say_update(csv_path, write_csv(rows, csv_path, update=update))
     if json_path:
-        write_json(rows, json_path, isolation=line, seed=seed, notebooks=[
+        notebooks = [
             {"student": cut(g.sub.student, NAME_LIMIT), "notebook": cut(g.sub.path, 2 * NAME_LIMIT),
              "status": g.status, "problem": cut(g.problem, ERROR_LIMIT), "note": cut(g.sub.note, ERROR_LIMIT),
              "wall_seconds": g.record.get("wall_seconds", 0.0), "phases": g.record.get("phases", {}),
              "processes_killed_after": g.record.get("leftovers_killed", 0),
-             "other_errors": _other_errors(g)} for g in graded])
+             "other_errors": _other_errors(g)} for g in graded]
+        _say_update(json_path, write_json(rows, json_path, isolation=line, seed=seed, notebooks=notebooks,
+                                          update=update))
     if feedback:
         write_feedback(rows, feedback, fmt=feedback_format)
     written = [p for p in (csv_path, json_path, feedback) if p]

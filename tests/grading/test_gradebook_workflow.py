@@ -6,6 +6,7 @@ Each test grades a class of the tiny chapter-99 release (seconds) or needs no no
   ignored, and listed; "duplicate" only when no file has that name), and the maximum never counts a
   chapter twice;
 * ``grade`` finds the course's release wherever it is run from, and says which it used;
+* a gradebook holding other students is never silently replaced: refused, or merged with --update;
 """
 
 import contextlib
@@ -39,12 +40,14 @@ def _hand_in(subs: Path, student: str, name: str, answer: str) -> Path:
 
 
 def _grade(paths, rel, sol, **kw) -> tuple[int, dict, str]:
+    """(exit status, the JSON gradebook, what was printed); stderr is appended to what was printed."""
     out = io.StringIO()
     json_path = kw.pop("json_path")
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         code = grade([str(p) for p in paths], release=str(rel), solutions=str(sol), workers=2,
                      json_path=str(json_path), options=Options(**OPTS), **kw)
-    return code, json.loads(Path(json_path).read_text(encoding="utf-8")), out.getvalue()
+    path = Path(json_path)
+    return code, json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}, out.getvalue()
 
 
 def _mine(data, student):
@@ -141,3 +144,35 @@ def test_grade_finds_the_course_release_from_any_folder(tiny_release, tmp_path):
     r = _cli("grade", subs, "--release", rel, "--json", "h.json", cwd=elsewhere)
     assert r.stdout.splitlines()[0] == f"release: {rel.resolve()} (chapter 99)", r.stdout + r.stderr
     assert [row["exercise"] for row in json.loads((elsewhere / "h.json").read_text())["rows"]] == ["99.1"]
+
+
+def test_a_gradebook_of_other_students_is_refused_or_updated_never_replaced(tiny_release, tmp_path):
+    rel, sol = tiny_release
+    subs = tmp_path / "subs"
+    table, book = tmp_path / "class.csv", tmp_path / "class.json"
+    tiny_submission(subs, "ann", "return x * x")
+    tiny_submission(subs, "bob", "return 0")
+    table.write_text("name,score\nann,3\n")                  # something else, where the gradebook goes
+    code, _, out = _grade([subs], rel, sol, json_path=book, csv_path=str(table))
+    assert code == 2 and "not a CSV gradebook" in out and table.read_text() == "name,score\nann,3\n", out
+    assert not book.exists()                                  # refused before anything was graded
+    table.unlink()
+    code, first, _ = _grade([subs], rel, sol, json_path=book, csv_path=str(table), seed=5)
+    assert code == 1
+    tiny_submission(subs, "bob", "return x * x")                # bob hands in a fix
+    before = table.read_bytes(), book.read_bytes()
+    code, _, out = _grade([subs / "bob"], rel, sol, json_path=book, csv_path=str(table))
+    assert code == 2 and str(table) in out and "1 student(s) not graded in this run (ann)" in out, out
+    assert (table.read_bytes(), book.read_bytes()) == before                          # untouched
+    code, data, out = _grade([subs / "bob"], rel, sol, json_path=book, csv_path=str(table), update=True, seed=6)
+    assert code == 0, out
+    assert f"updated {table}: 1 student(s) regraded (bob); 1 kept as they were" in out, out
+    assert f"updated {book}: 1 student(s) regraded (bob); 1 kept as they were" in out, out
+    old_lines = before[0].decode().splitlines()
+    new_lines = table.read_text().splitlines()
+    assert new_lines[0] == old_lines[0] and [l for l in new_lines if l.startswith("ann,")] == \
+        [l for l in old_lines if l.startswith("ann,")]                                  # ann's rows kept
+    assert [(r["student"], r["points"]) for r in data["rows"]] == [("ann", 3), ("bob", 3)]
+    assert [n["student"] for n in data["notebooks"]] == ["ann", "bob"]
+    assert data["seed"] == 6 and [(e["seed"], e["students"]) for e in data["earlier_runs"]] == [(5, ["ann"])]
+    assert first["rows"][0] == data["rows"][0]
