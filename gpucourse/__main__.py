@@ -64,11 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=_workers, default=None,
                    help="notebooks graded at once (default: cores / 2, at least 1)")
     p.add_argument("--csv", help="write the gradebook as CSV")
-    p.add_argument("--json", help="write the gradebook as JSON")
+    p.add_argument("--json", help="write the gradebook as JSON (with the run's date, versions, seed)")
+    p.add_argument("--totals", metavar="CSV",
+                   help="write one line per student for an LMS: student, points, max, percent")
     p.add_argument("--update", action="store_true",
-                   help="merge this run into the --csv/--json gradebook already there, student by student "
-                        "(this run's students replaced, the others kept); without it, a gradebook holding "
-                        "students not in this run is not overwritten (exit 2)")
+                   help="merge this run into the --csv/--json/--totals file already there, student by "
+                        "student (this run's students replaced, the others kept); without it, a gradebook "
+                        "holding students not in this run is not overwritten (exit 2)")
     p.add_argument("--feedback", metavar="DIR", help="write one feedback file per student into DIR")
     p.add_argument("--feedback-format", choices=["md", "html"], default="md")
     p.add_argument("--cell-timeout", type=_positive, default=300, help="seconds per cell (default 300)")
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                      hidden=args.hidden is not None, workers=args.workers, csv_path=args.csv,
                      json_path=args.json, feedback=args.feedback, feedback_format=args.feedback_format,
                      options=options, chapter=args.chapter, solutions=args.solutions, seed=args.seed,
-                     allow_unisolated=args.no_bwrap, update=args.update)
+                     allow_unisolated=args.no_bwrap, update=args.update, totals_path=args.totals)
     if args.command == "export-nbgrader":
         from .grading.nbgrader import export_nbgrader
 

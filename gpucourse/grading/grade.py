@@ -37,8 +37,9 @@ from pathlib import Path
 import nbformat
 
 from .exercises import EXERCISE_HEADING
-from .gradebook import (ERROR_LIMIT, NAME_LIMIT, NotAGradebook, Row, Update, cut, earned, printable, stored_student,
-                        students_in, summary_table, write_csv, write_feedback, write_json)
+from .gradebook import (ERROR_LIMIT, NAME_LIMIT, NotAGradebook, Row, Update, cut, earned, printable,
+                        stored_student, students_in, summary_table, write_csv, write_feedback, write_json,
+                        write_totals)
 from .restore import NotANotebook, Release, Slot, chapter_of, load_releases, parse_notebook, restore
 from .sandbox import Limits, describe, isolation, run_job
 
@@ -452,8 +453,8 @@ def _bad(sub: Submission, status: str, why: str, release: Release | None = None)
             rows.append(Row(sub.student, sub.path.name, cid, rc.title, "✗", "", 0, rc.points, 0.0,
                             why, "", status))
     else:
-        rows.append(Row(sub.student, sub.path.name, "-", sub.path.name, "" if status == "ignored" else "✗", "",
-                        0, 0, 0.0, why, "", status))
+        visible = "" if status == "ignored" else "✗"
+        rows.append(Row(sub.student, sub.path.name, "-", sub.path.name, visible, "", 0, 0, 0.0, why, "", status))
     return Graded(sub, rows, status, problem=why)
 
 
@@ -623,7 +624,8 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
         status = next((s for s in ("duplicate", "not graded", "ignored") if sub.problem.startswith(s)),
                       "unreadable")
         # a file that does not carry its chapter (a copy) is one "-" row worth 0 of 0
-        return _bad(sub, status, sub.problem, _release_by_name(sub, releases, expected) if sub.carries else None)
+        release = _release_by_name(sub, releases, expected) if sub.carries else None
+        return _bad(sub, status, sub.problem, release)
     try:
         nb = parse_notebook(sub.data, sub.path.name)
     except NotANotebook as e:
@@ -845,11 +847,51 @@ def _overwrite_problem(targets: list[tuple[str, str]], students: list[str], upda
 
 def _say_update(path: str, done: Update | None) -> None:
     if done is not None:
-        parts = [f"{len(done.regraded)} student(s) regraded" + (f" ({_names(done.regraded)})" if done.regraded else "")]
+        parts = [f"{len(done.regraded)} student(s) regraded"
+                 + (f" ({_names(done.regraded)})" if done.regraded else "")]
         if done.added:
             parts.append(f"{len(done.added)} added ({_names(done.added)})")
         parts.append(f"{done.kept} kept as they were")
         print(f"updated {printable(path)}: " + "; ".join(parts))
+
+
+def _course_commit(root: Path) -> str | None:
+    """The git commit the course folder ``root`` is at, or None (no git, not a checkout of its own)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root.resolve():
+        return None
+    return lines[1]
+
+
+def provenance(release: str | Path) -> dict:
+    """What a gradebook records of the run that wrote it, besides the seed and the isolation: the
+    date (ISO 8601, UTC), the course (its version, its git commit when the course folder is a git
+    checkout, the release the checks came from) and the grader (its version, Python's)."""
+    import platform
+    from datetime import datetime, timezone
+    from importlib import metadata
+
+    import gpucourse
+
+    root = Path(gpucourse.__file__).resolve().parents[1]
+    course = {"version": gpucourse.__version__}
+    commit = _course_commit(root)
+    if commit:
+        course["commit"] = commit
+    course["release"] = str(Path(release).resolve())
+    try:
+        grader = metadata.version("gpucourse")
+    except metadata.PackageNotFoundError:
+        grader = gpucourse.__version__
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "course": course,
+            "grader": {"version": grader, "python": platform.python_version()}}
 
 
 def default_workers() -> int:
@@ -861,13 +903,13 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
           feedback: str | None = None, feedback_format: str = "md", options: Options | None = None,
           chapter: str | None = None, quiet: bool = False, solutions: str | None = None,
           hidden: bool | None = None, seed: int | None = None, allow_unisolated: bool = False,
-          update: bool = False) -> int:
+          update: bool = False, totals_path: str | None = None) -> int:
     """The ``grade`` command. Returns the exit status.
 
     ``release``: the folder (or one notebook) the checks come from; by default the course's own
     (:func:`course_release`), wherever the command is run from. A CSV or JSON gradebook already at
-    ``csv_path``/``json_path`` that holds students not in this run is not replaced (exit 2) unless
-    ``update``, which merges this run into it student by student.
+    ``csv_path``/``json_path``/``totals_path`` that holds students not in this run is not replaced
+    (exit 2) unless ``update``, which merges this run into it student by student.
     """
     options = options or Options()
     missing = [p for p in paths if not os.path.lexists(p)]      # a dangling link is a student's row
@@ -907,7 +949,8 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
         print("gpucourse grade: no notebooks (*.ipynb) in " + " ".join(map(printable, paths)),
               file=sys.stderr)
         return 2
-    targets = [(p, kind) for p, kind in ((csv_path, "csv"), (json_path, "json")) if p]
+    targets = [(p, kind) for p, kind in ((csv_path, "csv"), (json_path, "json"), (totals_path, "totals"))
+               if p]
     why = _overwrite_problem(targets, [s.student for s in subs], update)
     if why:
         print(f"gpucourse grade: {why}", file=sys.stderr)
@@ -961,10 +1004,12 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
              "processes_killed_after": g.record.get("leftovers_killed", 0),
              "other_errors": _other_errors(g)} for g in graded]
         _say_update(json_path, write_json(rows, json_path, isolation=line, seed=seed, notebooks=notebooks,
-                                          update=update))
+                                          provenance=provenance(release), update=update))
+    if totals_path:
+        _say_update(totals_path, write_totals(rows, totals_path, update=update))
     if feedback:
         write_feedback(rows, feedback, fmt=feedback_format)
-    written = [p for p in (csv_path, json_path, feedback) if p]
+    written = [p for p in (csv_path, json_path, totals_path, feedback) if p]
     if written:
         print("gradebook written to " + ", ".join(written))
     if any(g.status not in ("graded", "ignored") for g in graded):

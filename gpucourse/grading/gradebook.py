@@ -20,9 +20,14 @@ CSV/JSON columns (:data:`COLUMNS`)::
     status    graded / unreadable / duplicate / wrong chapter / no release / no checks / not graded /
               ignored (another copy of a chapter whose release-named file is graded: a "-" row, 0 of 0)
 
-The JSON also records the grading run: the isolation in force, the seed every check's inputs were
+The JSON also records the grading run: when (``date``, ISO 8601, UTC), with what (``course``: the
+course's version and git commit when it has one, and the release the checks came from; ``grader``:
+the grader's version and Python's), the isolation in force, the seed every check's inputs were
 drawn from (``grade --seed`` with it reproduces the grades), and per notebook its wall time and the
 errors of cells that are not checks.
+
+The totals file (``--totals``, :data:`TOTALS_COLUMNS`) is one line per student for an LMS to
+import: ``student, points, max, percent``.
 
 **A student writes much of what is in here** (their folder's and files' names, their exceptions'
 messages, the values the judge quotes back), so every such text is cut where it is stored or printed
@@ -44,8 +49,9 @@ import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["COLUMNS", "NotAGradebook", "Row", "Update", "csv_cell", "cut", "earned", "printable", "students_in",
-           "summary_table", "write_csv", "write_feedback", "write_json"]
+__all__ = ["COLUMNS", "NotAGradebook", "Row", "TOTALS_COLUMNS", "Update", "csv_cell", "cut", "earned",
+           "printable", "students_in", "summary_table", "write_csv", "write_feedback", "write_json",
+           "write_totals"]
 
 NAME_LIMIT = 200            # a student's, a notebook's or a title's name, wherever it is stored or shown
 ERROR_LIMIT = 2_000         # an error (one line) in the gradebook and on the terminal
@@ -252,13 +258,30 @@ def write_csv(rows: list[Row], path: str | Path, *, update: bool = False) -> Upd
     return done
 
 
+def write_totals(rows: list[Row], path: str | Path, *, update: bool = False) -> Update | None:
+    """One line per student, for an LMS to import: ``student, points, max, percent`` (percent of the
+    maximum, two decimals at most; empty when the maximum is 0), escaped as :func:`write_csv` does.
+    With ``update``, merged into the file already there, student by student."""
+    records = []
+    for student, t in _totals(rows).items():
+        percent = _num(round(100 * t["points"] / t["max"], 2)) if t["max"] else ""
+        records.append({"student": csv_cell(cut(student, NAME_LIMIT)), "points": _num(t["points"]),
+                        "max": _num(t["max"]), "percent": percent})
+    done = None
+    if update:
+        records, done = _update(_read_records(Path(path), "totals")[0], records)
+    _write_table(Path(path), TOTALS_COLUMNS, records)
+    return done
+
+
 def write_json(rows: list[Row], path: str | Path, *, isolation: str = "", seed: int | None = None,
-               notebooks: list[dict] | None = None, update: bool = False) -> Update | None:
-    """The gradebook as JSON: this run's provenance, then ``notebooks`` and ``rows``. With
-    ``update``, rows and notebooks are merged into the file already there, student by student; the
-    file's earlier provenance moves to ``earlier_runs``, each naming the students whose rows it
-    still holds."""
-    data = {"isolation": isolation, "seed": seed, "notebooks": notebooks or [],
+               notebooks: list[dict] | None = None, provenance: dict | None = None,
+               update: bool = False) -> Update | None:
+    """The gradebook as JSON: this run's ``provenance`` (date, course and grader versions, release),
+    isolation and seed, then ``notebooks`` and ``rows``. With ``update``, rows and notebooks are
+    merged into the file already there, student by student; the file's earlier provenance moves to
+    ``earlier_runs``, each naming the students whose rows it still holds."""
+    data = {**(provenance or {}), "isolation": isolation, "seed": seed, "notebooks": notebooks or [],
             "rows": [stored(r) for r in rows]}
     done = None
     if update:
@@ -270,7 +293,8 @@ def write_json(rows: list[Row], path: str | Path, *, isolation: str = "", seed: 
             regraded = set(done.regraded)
             run = {k: v for k, v in old.items() if k not in ("rows", "notebooks", "earlier_runs")}
             before = {s for e in old.get("earlier_runs", []) for s in e.get("students", [])}
-            run["students"] = list(dict.fromkeys(r["student"] for r in old_rows if r["student"] not in before))
+            run["students"] = list(dict.fromkeys(r["student"] for r in old_rows
+                                                 if r["student"] not in before))
             earlier = []
             for e in [*old.get("earlier_runs", []), run]:
                 e = dict(e, students=[s for s in e.get("students", []) if s not in regraded])

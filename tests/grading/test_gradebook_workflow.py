@@ -7,9 +7,11 @@ Each test grades a class of the tiny chapter-99 release (seconds) or needs no no
   chapter twice;
 * ``grade`` finds the course's release wherever it is run from, and says which it used;
 * a gradebook holding other students is never silently replaced: refused, or merged with --update;
+* ``--totals`` writes one line per student for an LMS; the JSON says when and with what it was made;
 """
 
 import contextlib
+import csv
 import io
 import json
 import os
@@ -176,3 +178,39 @@ def test_a_gradebook_of_other_students_is_refused_or_updated_never_replaced(tiny
     assert [n["student"] for n in data["notebooks"]] == ["ann", "bob"]
     assert data["seed"] == 6 and [(e["seed"], e["students"]) for e in data["earlier_runs"]] == [(5, ["ann"])]
     assert first["rows"][0] == data["rows"][0]
+
+
+def test_totals_for_an_lms_and_the_gradebooks_provenance(tiny_release, tmp_path):
+    import gpucourse
+    from datetime import datetime
+
+    rel, sol = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "ann", "return x * x")
+    tiny_submission(subs, "bob", "return 0")
+    (subs / "=1+2").mkdir()
+    (subs / "=1+2" / TINY).write_bytes(b'{"cells": [')        # unreadable: 0 of 3
+    totals = tmp_path / "totals.csv"
+    code, data, _ = _grade([subs], rel, sol, json_path=tmp_path / "g.json", totals_path=str(totals), seed=7)
+    assert code == 2
+    lines = totals.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "student,points,max,percent"
+    assert sorted(csv.reader(lines[1:])) == [["'=1+2", "0", "3", "0"], ["ann", "3", "3", "100"],
+                                             ["bob", "0", "3", "0"]]
+    assert datetime.fromisoformat(data["date"]).tzinfo is not None
+    assert data["course"]["version"] == gpucourse.__version__
+    assert data["course"]["release"] == str(rel.resolve())
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert data["course"]["commit"] == head.stdout.strip()
+    else:
+        assert "commit" not in data["course"]
+    assert data["grader"]["version"] and data["grader"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert data["seed"] == 7 and data["isolation"]
+
+
+def test_no_commit_is_recorded_outside_a_git_checkout(tmp_path):
+    from gpucourse.grading.grade import _course_commit
+
+    assert _course_commit(tmp_path) is None                   # not a checkout of its own
+    assert _course_commit(ROOT / "gpucourse") is None          # inside one, but not its top
