@@ -8,6 +8,7 @@ Each test grades a class of the tiny chapter-99 release (seconds) or needs no no
 * ``grade`` finds the course's release wherever it is run from, and says which it used;
 * a gradebook holding other students is never silently replaced: refused, or merged with --update;
 * ``--totals`` writes one line per student for an LMS; the JSON says when and with what it was made;
+* the same seed gives the same gradebook, byte for byte but for the date and the timings;
 """
 
 import contextlib
@@ -214,3 +215,48 @@ def test_no_commit_is_recorded_outside_a_git_checkout(tmp_path):
 
     assert _course_commit(tmp_path) is None                   # not a checkout of its own
     assert _course_commit(ROOT / "gpucourse") is None          # inside one, but not its top
+
+
+#: what may differ between two runs with one seed: when it ran and how long things took
+TIMING = {"date": None, "rows": {"seconds"}, "notebooks": {"wall_seconds", "phases"}}
+
+
+def _without_timing(data: dict) -> dict:
+    data = {k: v for k, v in data.items() if k != "date"}
+    for key, fields in (("rows", TIMING["rows"]), ("notebooks", TIMING["notebooks"])):
+        data[key] = [{k: v for k, v in item.items() if k not in fields} for item in data[key]]
+    return data
+
+
+RANKS_FAIL = """def no_data(rank, world_size):
+    raise ValueError(f"rank {rank} has no data")
+
+
+gc.launch(no_data, 3)"""
+
+
+def test_the_same_seed_gives_the_same_gradebook(tiny_release, tmp_path):
+    rel, sol = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "ann", "return x * x")
+    # a wrong answer, a cell error, and ranks that all fail at once (which one reports first is a race)
+    tiny_submission(subs, "bob", "return x * x if x < 3 else x", extra=["1 / 0", RANKS_FAIL])
+    tiny_submission(subs, "cy", "raise ValueError(f'no square for {x}')")
+    (subs / "dee").mkdir()
+    (subs / "dee" / TINY).write_bytes(b'{"cells": [')
+    texts = []
+    for k in range(2):
+        code, _, _ = _grade([subs], rel, sol, json_path=tmp_path / f"g{k}.json", seed=11,
+                            csv_path=str(tmp_path / f"g{k}.csv"), totals_path=str(tmp_path / f"t{k}.csv"))
+        assert code == 2
+        texts.append((tmp_path / f"g{k}.json").read_text(encoding="utf-8"))
+    first, second = (json.loads(t) for t in texts)
+    assert set(first) == set(second)
+    assert json.dumps(_without_timing(first), indent=1) == json.dumps(_without_timing(second), indent=1)
+    assert (tmp_path / "t0.csv").read_bytes() == (tmp_path / "t1.csv").read_bytes()
+    tables = [[{k: v for k, v in row.items() if k != "seconds"}
+               for row in csv.DictReader((tmp_path / f"g{k}.csv").read_text(encoding="utf-8").splitlines())]
+              for k in range(2)]
+    assert tables[0] == tables[1] and len(tables[0]) == 4
+    bob, = [n for n in first["notebooks"] if n["student"] == "bob"]
+    assert any("rank 0 raised ValueError: rank 0 has no data" in e for e in bob["other_errors"]), bob
