@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--release", default=None,
                    help="release folder (or one notebook) the checks come from (default: exercises/ of the "
                         "course the package belongs to, else ./exercises; the first lines printed say which)")
-    p.add_argument("--chapter", default=None, help="every submission must be this chapter (NN)")
+    p.add_argument("--chapter", default=None, metavar="NN",
+                   help="grade this chapter's notebooks only (the others are left out, and listed)")
     p.add_argument("--hidden", nargs="?", const="", default=None, metavar="SOLUTIONS",
                    help="also run the hidden checks (from --solutions, or the folder given here)")
     p.add_argument("--solutions", default=None,

@@ -931,6 +931,10 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
     if not releases:
         print(f"gpucourse grade: no NN_*.ipynb release notebooks in {release!r}", file=sys.stderr)
         return 2
+    if chapter is not None and chapter not in releases:
+        print(f"gpucourse grade: --chapter {printable(chapter)}: the release has no such chapter "
+              f"(chapters: {', '.join(releases)})", file=sys.stderr)
+        return 2
     expected = chapter or (next(iter(releases)) if Path(release).is_file() else None)
     if hidden_from is not None:
         if not Path(hidden_from).is_dir():
@@ -944,10 +948,11 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
     if solutions is not None and not Path(solutions).is_dir():
         print(f"gpucourse grade: solutions folder {solutions!r} not found", file=sys.stderr)
         return 2
-    subs, _ = one_per_chapter(discover(paths), releases)
+    # --chapter (or a release of one notebook): that chapter's notebooks only, the others left out
+    subs, left_out = one_per_chapter(discover(paths), releases, only=expected)
     if not subs:
-        print("gpucourse grade: no notebooks (*.ipynb) in " + " ".join(map(printable, paths)),
-              file=sys.stderr)
+        what = f"notebooks of chapter {expected}" if left_out else "notebooks (*.ipynb)"
+        print(f"gpucourse grade: no {what} in " + " ".join(map(printable, paths)), file=sys.stderr)
         return 2
     targets = [(p, kind) for p, kind in ((csv_path, "csv"), (json_path, "json"), (totals_path, "totals"))
                if p]
@@ -969,6 +974,10 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
     seed = random.SystemRandom().randrange(1 << 62) if seed is None else int(seed)
     print(f"release: {Path(release).resolve()} (chapter{'s' if len(releases) > 1 else ''} "
           f"{', '.join(releases)})", flush=True)
+    if left_out:
+        why = f"--chapter {expected}" if chapter else f"the release is chapter {expected} only"
+        names = [f"{s.student}/{s.path.name}" for s in left_out]
+        print(f"left out {len(left_out)} notebook(s) of other chapters ({why}): {_names(names, 5)}", flush=True)
     print(f"grading {len(subs)} notebook(s) with {workers} worker(s); {line}", flush=True)
     print(f"check inputs drawn from seed {seed} (the same grades again: --seed {seed})", flush=True)
     judges = Judges(solutions, seed, private_network=mode == "bwrap")     # nothing listens on the host

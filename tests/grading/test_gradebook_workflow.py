@@ -9,6 +9,7 @@ Each test grades a class of the tiny chapter-99 release (seconds) or needs no no
 * a gradebook holding other students is never silently replaced: refused, or merged with --update;
 * ``--totals`` writes one line per student for an LMS; the JSON says when and with what it was made;
 * the same seed gives the same gradebook, byte for byte but for the date and the timings;
+* ``--chapter NN`` on a folder of several chapters grades that chapter's notebooks only;
 """
 
 import contextlib
@@ -21,8 +22,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from _grading_helpers import TINY, tiny_submission
+import nbformat
+from _grading_helpers import TINY, tiny_solutions, tiny_submission
 
+from gpucourse.grading.exercises import make_exercise_notebook
 from gpucourse.grading.grade import Options, Submission, discover, grade
 from gpucourse.grading.restore import load_releases
 
@@ -260,3 +263,24 @@ def test_the_same_seed_gives_the_same_gradebook(tiny_release, tmp_path):
     assert tables[0] == tables[1] and len(tables[0]) == 4
     bob, = [n for n in first["notebooks"] if n["student"] == "bob"]
     assert any("rank 0 raised ValueError: rank 0 has no data" in e for e in bob["other_errors"]), bob
+
+
+def test_chapter_selects_that_chapters_notebooks_in_a_folder_of_several(tiny_release, tmp_path):
+    rel, sol = tiny_release
+    other = TINY.replace("99", "98")
+    nb = tiny_solutions()
+    for cell in nb.cells:
+        cell.source = cell.source.replace("99", "98")
+    nbformat.write(make_exercise_notebook(nb, name=other), rel / other)     # the release: chapters 98, 99
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "ann", "return x * x")
+    for student in ("ann", "bob"):                     # each hands in chapter 98 too; bob only that one
+        (subs / student).mkdir(exist_ok=True)
+        (subs / student / other).write_bytes((rel / other).read_bytes())
+    code, data, out = _grade([subs], rel, sol, json_path=tmp_path / "g.json", chapter="99")
+    assert code == 0, out
+    assert [(r["student"], r["exercise"], r["points"], r["max"]) for r in data["rows"]] == [("ann", "99.1", 3, 3)]
+    assert "left out 2 notebook(s) of other chapters (--chapter 99): ann/98_tiny_exercises.ipynb, bob/98_" in out
+    assert "3/3" in _line(out, "ann")
+    code, _, out = _grade([subs], rel, sol, json_path=tmp_path / "h.json", chapter="42")
+    assert code == 2 and "--chapter 42: the release has no such chapter (chapters: 98, 99)" in out, out
