@@ -10,6 +10,7 @@ Each test grades a class of the tiny chapter-99 release (seconds) or needs no no
 * ``--totals`` writes one line per student for an LMS; the JSON says when and with what it was made;
 * the same seed gives the same gradebook, byte for byte but for the date and the timings;
 * ``--chapter NN`` on a folder of several chapters grades that chapter's notebooks only;
+* the student data and grades the README writes into the checkout stay out of git;
 """
 
 import contextlib
@@ -284,3 +285,19 @@ def test_chapter_selects_that_chapters_notebooks_in_a_folder_of_several(tiny_rel
     assert "3/3" in _line(out, "ann")
     code, _, out = _grade([subs], rel, sol, json_path=tmp_path / "h.json", chapter="42")
     assert code == 2 and "--chapter 42: the release has no such chapter (chapters: 98, 99)" in out, out
+
+
+def test_student_data_and_grades_written_into_the_checkout_stay_out_of_git():
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    # the README's own names: make grade's grades.json, --csv grades.csv, --feedback feedback/,
+    # --totals totals.csv, grade subs/cat --csv class.csv, export-nbgrader course/
+    private = ["subs/alice/00_setup_exercises.ipynb", "subs/bob.ipynb", "grades.json", "grades.csv",
+               "totals.csv", "class.csv", "feedback/alice.md", "course/gradebook.db",
+               "course/submitted/alice/00_setup/00_setup_exercises.ipynb"]
+    r = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *private],
+                       capture_output=True, text=True)
+    assert sorted(r.stdout.split()) == sorted(private), r.stdout + r.stderr
+    course = ["exercises/00_setup_exercises.ipynb", "tests/grading/test_grade.py", "gpucourse/grading/grade.py"]
+    r = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *course], capture_output=True, text=True)
+    assert r.stdout == "", r.stdout
