@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--assignment", default=None,
                    help="put the chapters into this one assignment (default: one assignment per chapter, "
                         "e.g. 08_sharded_data_parallel)")
+    p.add_argument("--course-id", default="gpucourse",
+                   help="nbgrader's course id, written into a new nbgrader_config.py (default gpucourse)")
 
     args = parser.parse_args(argv)
     if args.command != "doctor":
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             written = export_nbgrader(args.dir, solutions=args.solutions, chapters=args.chapter,
-                                      assignment=args.assignment)
+                                      assignment=args.assignment, course_id=args.course_id)
         except (FileNotFoundError, ValueError) as e:
             print(f"gpucourse export-nbgrader: {e}", file=sys.stderr)
             return 2

@@ -11,6 +11,9 @@ Each test grades a class of the tiny chapter-99 release (seconds) or needs no no
 * the same seed gives the same gradebook, byte for byte but for the date and the timings;
 * ``--chapter NN`` on a folder of several chapters grades that chapter's notebooks only;
 * the student data and grades the README writes into the checkout stay out of git;
+* a learner far from a checkout (a JupyterHub home, an nbgrader assignment) is told what works
+  there, ``gc.check_this_notebook()``, and it finds the course's release (nbgrader's own
+  config is tested in test_nbgrader.py).
 """
 
 import contextlib
@@ -301,3 +304,21 @@ def test_student_data_and_grades_written_into_the_checkout_stay_out_of_git():
     course = ["exercises/00_setup_exercises.ipynb", "tests/grading/test_grade.py", "gpucourse/grading/grade.py"]
     r = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *course], capture_output=True, text=True)
     assert r.stdout == "", r.stdout
+
+
+def test_the_self_check_finds_the_course_release_far_from_a_checkout(tmp_path, monkeypatch):
+    from gpucourse.grading.selfcheck import _find_releases
+
+    home = tmp_path / "home" / "00_setup"                     # a JupyterHub home: no exercises/ around
+    home.mkdir(parents=True)
+    monkeypatch.chdir(home)
+    releases = _find_releases(home / "00_setup_exercises.ipynb", None)
+    assert "00" in releases and releases["00"].path.parent == ROOT / "exercises", releases
+
+
+def test_the_release_notebooks_say_what_checks_a_notebook_anywhere():
+    for path in sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb")):
+        intro = nbformat.read(path, as_version=4).cells[0].source
+        assert "run `gc.check_this_notebook()` in a cell of it. That works wherever the" in intro, path.name
+        assert "your JupyterHub home" in intro and "In a checkout of\nthe course a terminal" in intro, path.name
+        assert f"make check NB=exercises/{path.name}" in intro, path.name
