@@ -991,7 +991,7 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
             except Exception as e:  # noqa: BLE001 - one odd notebook is a row, never a crash
                 g = _bad(sub, "unreadable", f"could not be graded: {type(e).__name__}: {e}")
             for r in g.rows:
-                r.note = sub.note
+                r.note = cut(sub.note, ERROR_LIMIT)
             if not quiet:
                 _print_notebook(g)
             return g

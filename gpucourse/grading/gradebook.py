@@ -353,7 +353,8 @@ def summary_table(rows: list[Row]) -> str:
         pts = f"{_num(t['points'])}/{_num(t['max'])}"
         checks = f"{t['vis']}/{t['n']}"
         hidden = f"{t['hid']}/{t['hid_n']}" if t["hid_n"] else "-"
-        lines.append(f"{student:<{width}}  {pts:>6}  {checks:>6}  {hidden:>6}  {', '.join(t['notes'])}".rstrip())
+        notes = ", ".join(printable(n, ERROR_LIMIT) for n in t["notes"])     # file names are the student's
+        lines.append(f"{student:<{width}}  {pts:>6}  {checks:>6}  {hidden:>6}  {notes}".rstrip())
     return "\n".join(lines)
 
 

@@ -99,6 +99,18 @@ def test_copies_of_a_chapter_are_graded_one_way(tiny_release, tmp_path):
     assert code == 2                                  # eve's chapter could not be graded
 
 
+def test_the_notes_a_students_file_names_make_are_shown_escaped():
+    from gpucourse.grading.gradebook import Row, summary_table
+
+    copy = "99_tiny_exercises\nbob      3/3     1/1.ipynb"          # a file name may hold a newline
+    rows = [Row("dan", TINY, "99.1", "square", "✓", "", 3, 3, 0.1, "", "", "graded"),
+            Row("dan", copy, "-", copy, "", "", 0, 0, 0.0, "ignored: …", "", "ignored",
+                note="x\x1b[2J.ipynb: chapter 99 by its exercise ids")]
+    table = summary_table(rows).splitlines()
+    assert len(table) == 2 and not any(line.startswith("bob") for line in table), table
+    assert "ignored 99_tiny_exercises\\nbob" in table[1] and "x\\x1b[2J.ipynb" in table[1], table
+
+
 def test_one_per_chapter_without_running_anything(tiny_release, tmp_path):
     from gpucourse.grading.grade import one_per_chapter
 
