@@ -251,7 +251,7 @@ RANKS_FAIL = """def no_data(rank, world_size):
     raise ValueError(f"rank {rank} has no data")
 
 
-gc.launch(no_data, 3)"""
+gc.launch(no_data, 2)"""
 
 
 def test_the_same_seed_gives_the_same_gradebook(tiny_release, tmp_path):
