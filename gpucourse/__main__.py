@@ -49,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
                                      "sandboxed, gradebook out")
     p.add_argument("submissions", nargs="+", help="submitted notebooks, or folders of them "
                                                   "(subs/<student>/*.ipynb or flat subs/*.ipynb)")
-    p.add_argument("--release", default="exercises",
-                   help="release folder (or one notebook) the checks come from (default exercises/)")
-    p.add_argument("--chapter", default=None, help="every submission must be this chapter (NN)")
+    p.add_argument("--release", default=None,
+                   help="release folder (or one notebook) the checks come from (default: exercises/ of the "
+                        "course the package belongs to, else ./exercises; the first lines printed say which)")
+    p.add_argument("--chapter", default=None, metavar="NN",
+                   help="grade this chapter's notebooks only (the others are left out, and listed)")
     p.add_argument("--hidden", nargs="?", const="", default=None, metavar="SOLUTIONS",
                    help="also run the hidden checks (from --solutions, or the folder given here)")
     p.add_argument("--solutions", default=None,
@@ -63,7 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=_workers, default=None,
                    help="notebooks graded at once (default: cores / 2, at least 1)")
     p.add_argument("--csv", help="write the gradebook as CSV")
-    p.add_argument("--json", help="write the gradebook as JSON")
+    p.add_argument("--json", help="write the gradebook as JSON (with the run's date, versions, seed)")
+    p.add_argument("--totals", metavar="CSV",
+                   help="write one line per student for an LMS: student, points, max, percent")
+    p.add_argument("--update", action="store_true",
+                   help="merge this run into the --csv/--json/--totals file already there, student by "
+                        "student (this run's students replaced, the others kept); without it, a gradebook "
+                        "holding students not in this run is not overwritten (exit 2)")
     p.add_argument("--feedback", metavar="DIR", help="write one feedback file per student into DIR")
     p.add_argument("--feedback-format", choices=["md", "html"], default="md")
     p.add_argument("--cell-timeout", type=_positive, default=300, help="seconds per cell (default 300)")
@@ -93,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--assignment", default=None,
                    help="put the chapters into this one assignment (default: one assignment per chapter, "
                         "e.g. 08_sharded_data_parallel)")
+    p.add_argument("--course-id", default="gpucourse",
+                   help="nbgrader's course id, written into a new nbgrader_config.py (default gpucourse)")
 
     args = parser.parse_args(argv)
     if args.command != "doctor":
@@ -122,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
                      hidden=args.hidden is not None, workers=args.workers, csv_path=args.csv,
                      json_path=args.json, feedback=args.feedback, feedback_format=args.feedback_format,
                      options=options, chapter=args.chapter, solutions=args.solutions, seed=args.seed,
-                     allow_unisolated=args.no_bwrap)
+                     allow_unisolated=args.no_bwrap, update=args.update, totals_path=args.totals)
     if args.command == "export-nbgrader":
         from .grading.nbgrader import export_nbgrader
 
         try:
             written = export_nbgrader(args.dir, solutions=args.solutions, chapters=args.chapter,
-                                      assignment=args.assignment)
+                                      assignment=args.assignment, course_id=args.course_id)
         except (FileNotFoundError, ValueError) as e:
             print(f"gpucourse export-nbgrader: {e}", file=sys.stderr)
             return 2

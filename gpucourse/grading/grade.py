@@ -37,12 +37,14 @@ from pathlib import Path
 import nbformat
 
 from .exercises import EXERCISE_HEADING
-from .gradebook import (ERROR_LIMIT, NAME_LIMIT, Row, cut, earned, printable, summary_table, write_csv,
-                        write_feedback, write_json)
+from .gradebook import (ERROR_LIMIT, NAME_LIMIT, NotAGradebook, Row, Update, cut, earned, printable,
+                        stored_student, students_in, summary_table, write_csv, write_feedback, write_json,
+                        write_totals)
 from .restore import NotANotebook, Release, Slot, chapter_of, load_releases, parse_notebook, restore
 from .sandbox import Limits, describe, isolation, run_job
 
-__all__ = ["Judges", "Options", "Submission", "discover", "find_solutions", "grade", "grade_notebook"]
+__all__ = ["Judges", "Options", "Submission", "discover", "find_solutions", "grade", "grade_notebook",
+           "one_per_chapter"]
 
 MAX_NOTEBOOK_BYTES = 32 << 20
 #: what of the judge's ``cases`` reply a kernel receives: its inputs, their seeds, what it may not call
@@ -56,6 +58,9 @@ class Submission:
     data: bytes | None = None
     problem: str = ""
     file_id: tuple = ()         # (device, inode) of the file read: the same file named twice is one
+    chapter: str | None = None  # the chapter it is taken for (:func:`one_per_chapter`)
+    carries: bool = True        # False: another of the student's files carries this chapter's points
+    note: str = ""              # how it was matched, said in the student's row
 
 
 @dataclass
@@ -318,7 +323,8 @@ def discover(paths: list[str]) -> list[Submission]:
     * the same file named twice for the same student (``grade subs subs/alice``) is read once; a
       file that two students both hand in (a hard link) is each student's own row.
 
-    A student who hands in the same chapter twice gets both listed and a problem naming both files.
+    Which of a student's files is graded for a chapter is decided later, with the release's file
+    names at hand (:func:`one_per_chapter`).
     """
     subs: list[Submission] = []
     absolute = [Path(os.path.abspath(p)) for p in paths]
@@ -347,23 +353,92 @@ def discover(paths: list[str]) -> list[Submission]:
             continue
         done.add(key)
         unique.append(sub)
-    seen: dict[tuple[str, str], Path] = {}
-    for sub in unique:
-        if sub.problem.startswith("not graded"):    # refused: never the chapter's first copy
-            continue
-        key = (sub.student, sub.path.name[:3] if _COURSE_NAME.match(sub.path.name) else sub.path.name)
-        if key in seen:
-            sub.problem = sub.problem or (f"duplicate: {sub.student} handed in chapter {key[1][:2]} twice "
-                                          f"({seen[key]} and {sub.path}); only the first is graded")
-        seen.setdefault(key, sub.path)
     return unique
+
+
+def _chapter_of_file(sub: Submission) -> str | None:
+    """The chapter a submitted file is taken for: a course notebook's name says it (``02_….ipynb``,
+    ``02_…-Copy1.ipynb``); any other file's exercise ids do (None when it cannot be read)."""
+    if _COURSE_NAME.match(sub.path.name):
+        return sub.path.name[:2]
+    if sub.data is None or sub.problem:
+        return None
+    try:
+        return chapter_of(parse_notebook(sub.data, sub.path.name), sub.path.name)[0]
+    except NotANotebook:
+        return None
+
+
+def _refused(sub: Submission) -> bool:
+    return sub.problem.startswith("not graded")
+
+
+def one_per_chapter(subs: list[Submission], releases: dict[str, Release], only: str | None = None
+                    ) -> tuple[list[Submission], list[Submission]]:
+    """Which of each student's files is graded for a chapter: ``(to grade, left out)``.
+
+    One rule, so that the maximum never counts a chapter twice:
+
+    * a file is taken for the chapter its name says (``02_data_parallel_exercises-Copy1.ipynb`` is
+      chapter 02); a file named like no course notebook (``homework.ipynb``) for the chapter of its
+      exercise ids, and its row says so;
+    * of a student's files of one chapter, the one with the release's exact file name is graded; the
+      others are *ignored*: listed in the student's row ("ignored …-Copy1.ipynb"), worth nothing
+      and adding nothing to the maximum;
+    * only when none has the exact name and several could be the chapter's is the chapter flagged
+      *duplicate*: 0 of its points, once, with the files' names (rename the one to grade);
+    * with ``only`` (``grade --chapter NN``, or a release of one notebook), files of other chapters
+      are left out (returned second); a file whose chapter cannot be told is graded for ``only``.
+
+    A file refused at discovery (a link, a notebook in a folder inside the student's) keeps its
+    reason; it carries the chapter's points only when it is the chapter's one file.
+    """
+    kept, left_out = [], []
+    for sub in subs:
+        sub.chapter = _chapter_of_file(sub)
+        if only is not None:
+            if sub.chapter is not None and sub.chapter != only:
+                left_out.append(sub)
+                continue
+            sub.chapter = only
+        kept.append(sub)
+    groups: dict[tuple[str, str], list[Submission]] = {}
+    for sub in kept:
+        if sub.chapter is not None:
+            groups.setdefault((sub.student, sub.chapter), []).append(sub)
+    for (student, chapter), group in groups.items():
+        name = releases[chapter].path.name if chapter in releases else None
+        if len(group) > 1:
+            group.sort(key=_refused)                # stable: a refused file never outranks a readable one
+            exact = [s for s in group if s.path.name == name]
+            if exact:
+                chosen = exact[0]
+                for s in group:
+                    if s is not chosen:
+                        s.carries = False
+                        if not _refused(s):
+                            s.problem = (f"ignored: {s.path.name} is another copy of chapter {chapter}; "
+                                         f"{name} (the release's file name) is the one graded")
+            else:
+                files = ", ".join(s.path.name for s in group)
+                rename = f": rename the one to grade to {name}" if name else ""
+                why = (f"duplicate: {student} handed in chapter {chapter} {len(group)} times ({files}) "
+                       f"and none is named like the release's notebook{rename}")
+                for i, s in enumerate(group):
+                    s.carries = i == 0
+                    if not _refused(s):
+                        s.problem = why
+        for s in group:
+            if s.carries and not s.problem and not _COURSE_NAME.match(s.path.name) and s.path.stem != student:
+                s.note = f"{s.path.name}: chapter {chapter} by its exercise ids"
+    return kept, left_out
 
 
 @dataclass
 class Graded:
     sub: Submission
     rows: list[Row]
-    status: str                 # graded / unreadable / wrong chapter / no release
+    status: str                 # graded / unreadable / wrong chapter / no release / ignored / …
     others: list = field(default_factory=list)
     problem: str = ""
     record: dict = field(default_factory=dict)
@@ -378,7 +453,8 @@ def _bad(sub: Submission, status: str, why: str, release: Release | None = None)
             rows.append(Row(sub.student, sub.path.name, cid, rc.title, "✗", "", 0, rc.points, 0.0,
                             why, "", status))
     else:
-        rows.append(Row(sub.student, sub.path.name, "-", sub.path.name, "✗", "", 0, 0, 0.0, why, "", status))
+        visible = "" if status == "ignored" else "✗"
+        rows.append(Row(sub.student, sub.path.name, "-", sub.path.name, visible, "", 0, 0, 0.0, why, "", status))
     return Graded(sub, rows, status, problem=why)
 
 
@@ -386,7 +462,7 @@ def _release_by_name(sub: Submission, releases: dict[str, Release], expected: st
     """The release a notebook that could not be read was meant for: its file name's chapter, or the
     one chapter being graded."""
     m = _COURSE_NAME.match(sub.path.name)
-    return releases.get(sub.path.name[:2]) if m else releases.get(expected or "")
+    return releases.get(sub.path.name[:2]) if m else releases.get(expected or sub.chapter or "")
 
 
 def choose_release(nb, filename: str, releases: dict[str, Release], expected: str | None
@@ -608,8 +684,11 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
                    work_root: Path | None = None, cwd: Path | None = None) -> Graded:
     """Grade one submission (never raises for the submission's sake)."""
     if sub.problem:
-        status = next((s for s in ("duplicate", "not graded") if sub.problem.startswith(s)), "unreadable")
-        return _bad(sub, status, sub.problem, _release_by_name(sub, releases, expected))
+        status = next((s for s in ("duplicate", "not graded", "ignored") if sub.problem.startswith(s)),
+                      "unreadable")
+        # a file that does not carry its chapter (a copy) is one "-" row worth 0 of 0
+        release = _release_by_name(sub, releases, expected) if sub.carries else None
+        return _bad(sub, status, sub.problem, release)
     try:
         nb = parse_notebook(sub.data, sub.path.name)
     except NotANotebook as e:
@@ -802,28 +881,130 @@ def _answer_folders(solutions) -> list[Path]:
     return [f for f in folders if f.exists()]
 
 
+def course_release() -> Path | None:
+    """The release of the course this package belongs to, found as the judge finds ``solutions/``:
+    ``exercises/`` in the course folder next to the package (``gpucourse/../exercises``), else
+    ``exercises/`` in the current folder (a package installed away from its course)."""
+    import gpucourse
+
+    for folder in (Path(gpucourse.__file__).resolve().parents[1] / "exercises", Path.cwd() / "exercises"):
+        if folder.is_dir() and any(folder.glob("[0-9][0-9]_*.ipynb")):
+            return folder
+    return None
+
+
+def _names(names, limit: int = 10) -> str:
+    shown = [printable(n, NAME_LIMIT) for n in names[:limit]]
+    return ", ".join(shown) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _overwrite_problem(targets: list[tuple[str, str]], students: list[str], update: bool) -> str:
+    """Why this run may not write its gradebook files (``targets``: (path, kind)), or "": a file that
+    is no gradebook of this grader is never written over; one that holds students not graded in
+    this run is merged into with ``update``, never silently replaced."""
+    for path, kind in targets:
+        try:
+            held = students_in(path, kind)
+        except NotAGradebook as e:
+            return f"{e}; it was left as it is: write the gradebook to another file"
+        mine = {stored_student(s, kind) for s in students}
+        others = [s for s in held if s not in mine]
+        if others and not update:
+            return (f"{path} holds the grades of {len(others)} student(s) not graded in this run "
+                    f"({_names(others)}); writing it would lose them. Pass --update to merge this run "
+                    "into it, student by student (theirs are kept), or write to another file")
+    return ""
+
+
+def _say_update(path: str, done: Update | None) -> None:
+    if done is not None:
+        parts = [f"{len(done.regraded)} student(s) regraded"
+                 + (f" ({_names(done.regraded)})" if done.regraded else "")]
+        if done.added:
+            parts.append(f"{len(done.added)} added ({_names(done.added)})")
+        parts.append(f"{done.kept} kept as they were")
+        print(f"updated {printable(path)}: " + "; ".join(parts))
+
+
+def _course_commit(root: Path) -> str | None:
+    """The git commit the course folder ``root`` is at, or None (no git, not a checkout of its own)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root.resolve():
+        return None
+    return lines[1]
+
+
+def provenance(release: str | Path) -> dict:
+    """What a gradebook records of the run that wrote it, besides the seed and the isolation: the
+    date (ISO 8601, UTC), the course (its version, its git commit when the course folder is a git
+    checkout, the release the checks came from) and the grader (its version, Python's)."""
+    import platform
+    from datetime import datetime, timezone
+    from importlib import metadata
+
+    import gpucourse
+
+    root = Path(gpucourse.__file__).resolve().parents[1]
+    course = {"version": gpucourse.__version__}
+    commit = _course_commit(root)
+    if commit:
+        course["commit"] = commit
+    course["release"] = str(Path(release).resolve())
+    try:
+        grader = metadata.version("gpucourse")
+    except metadata.PackageNotFoundError:
+        grader = gpucourse.__version__
+    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "course": course,
+            "grader": {"version": grader, "python": platform.python_version()}}
+
+
 def default_workers() -> int:
     return max(1, (os.cpu_count() or 2) // 2)
 
 
-def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | None = None,
+def grade(paths: list[str], *, release: str | None = None, hidden_from: str | None = None,
           workers: int | None = None, csv_path: str | None = None, json_path: str | None = None,
           feedback: str | None = None, feedback_format: str = "md", options: Options | None = None,
           chapter: str | None = None, quiet: bool = False, solutions: str | None = None,
-          hidden: bool | None = None, seed: int | None = None, allow_unisolated: bool = False) -> int:
-    """The ``grade`` command. Returns the exit status."""
+          hidden: bool | None = None, seed: int | None = None, allow_unisolated: bool = False,
+          update: bool = False, totals_path: str | None = None) -> int:
+    """The ``grade`` command. Returns the exit status.
+
+    ``release``: the folder (or one notebook) the checks come from; by default the course's own
+    (:func:`course_release`), wherever the command is run from. A CSV or JSON gradebook already at
+    ``csv_path``/``json_path``/``totals_path`` that holds students not in this run is not replaced
+    (exit 2) unless ``update``, which merges this run into it student by student.
+    """
     options = options or Options()
     missing = [p for p in paths if not os.path.lexists(p)]      # a dangling link is a student's row
     if missing:
         print(f"gpucourse grade: no such file or folder: {', '.join(map(printable, missing))}",
               file=sys.stderr)
         return 2
-    if not Path(release).exists():
+    if release is None:
+        found = course_release()
+        if found is None:
+            print("gpucourse grade: the course's release (exercises/) was not found next to the gpucourse "
+                  "package nor in the current folder: pass --release exercises/", file=sys.stderr)
+            return 2
+        release = str(found)
+    elif not Path(release).exists():
         print(f"gpucourse grade: release {release!r} not found (pass --release exercises/)", file=sys.stderr)
         return 2
     releases = load_releases(release)
     if not releases:
         print(f"gpucourse grade: no NN_*.ipynb release notebooks in {release!r}", file=sys.stderr)
+        return 2
+    if chapter is not None and chapter not in releases:
+        print(f"gpucourse grade: --chapter {printable(chapter)}: the release has no such chapter "
+              f"(chapters: {', '.join(releases)})", file=sys.stderr)
         return 2
     expected = chapter or (next(iter(releases)) if Path(release).is_file() else None)
     if hidden_from is not None:
@@ -838,10 +1019,17 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     if solutions is not None and not Path(solutions).is_dir():
         print(f"gpucourse grade: solutions folder {solutions!r} not found", file=sys.stderr)
         return 2
-    subs = discover(paths)
+    # --chapter (or a release of one notebook): that chapter's notebooks only, the others left out
+    subs, left_out = one_per_chapter(discover(paths), releases, only=expected)
     if not subs:
-        print("gpucourse grade: no notebooks (*.ipynb) in " + " ".join(map(printable, paths)),
-              file=sys.stderr)
+        what = f"notebooks of chapter {expected}" if left_out else "notebooks (*.ipynb)"
+        print(f"gpucourse grade: no {what} in " + " ".join(map(printable, paths)), file=sys.stderr)
+        return 2
+    targets = [(p, kind) for p, kind in ((csv_path, "csv"), (json_path, "json"), (totals_path, "totals"))
+               if p]
+    why = _overwrite_problem(targets, [s.student for s in subs], update)
+    if why:
+        print(f"gpucourse grade: {why}", file=sys.stderr)
         return 2
     mode = isolation(options.use_bwrap)
     if mode != "bwrap" and options.use_bwrap and not allow_unisolated:
@@ -855,6 +1043,12 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     line = describe(mode, options.limits)
     workers = workers or default_workers()
     seed = random.SystemRandom().randrange(1 << 62) if seed is None else int(seed)
+    print(f"release: {Path(release).resolve()} (chapter{'s' if len(releases) > 1 else ''} "
+          f"{', '.join(releases)})", flush=True)
+    if left_out:
+        why = f"--chapter {expected}" if chapter else f"the release is chapter {expected} only"
+        names = [f"{s.student}/{s.path.name}" for s in left_out]
+        print(f"left out {len(left_out)} notebook(s) of other chapters ({why}): {_names(names, 5)}", flush=True)
     print(f"grading {len(subs)} notebook(s) with {workers} worker(s); {line}", flush=True)
     print(f"check inputs drawn from seed {seed} (the same grades again: --seed {seed})", flush=True)
     judges = Judges(solutions, seed, private_network=mode == "bwrap")     # nothing listens on the host
@@ -867,6 +1061,8 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
                                    expected=expected, work_root=Path(root))
             except Exception as e:  # noqa: BLE001 - one odd notebook is a row, never a crash
                 g = _bad(sub, "unreadable", f"could not be graded: {type(e).__name__}: {e}")
+            for r in g.rows:
+                r.note = cut(sub.note, ERROR_LIMIT)
             if not quiet:
                 _print_notebook(g)
             return g
@@ -879,20 +1075,24 @@ def grade(paths: list[str], *, release: str = "exercises", hidden_from: str | No
     print(f"\n{summary_table(rows)}")
     print(f"\n{len(subs)} notebook(s) in {time.monotonic() - started:.1f} s")
     if csv_path:
-        write_csv(rows, csv_path)
+        _say_update(csv_path, write_csv(rows, csv_path, update=update))
     if json_path:
-        write_json(rows, json_path, isolation=line, seed=seed, notebooks=[
+        notebooks = [
             {"student": cut(g.sub.student, NAME_LIMIT), "notebook": cut(g.sub.path, 2 * NAME_LIMIT),
-             "status": g.status, "problem": cut(g.problem, ERROR_LIMIT),
+             "status": g.status, "problem": cut(g.problem, ERROR_LIMIT), "note": cut(g.sub.note, ERROR_LIMIT),
              "wall_seconds": g.record.get("wall_seconds", 0.0), "phases": g.record.get("phases", {}),
              "processes_killed_after": g.record.get("leftovers_killed", 0),
-             "other_errors": _other_errors(g)} for g in graded])
+             "other_errors": _other_errors(g)} for g in graded]
+        _say_update(json_path, write_json(rows, json_path, isolation=line, seed=seed, notebooks=notebooks,
+                                          provenance=provenance(release), update=update))
+    if totals_path:
+        _say_update(totals_path, write_totals(rows, totals_path, update=update))
     if feedback:
         write_feedback(rows, feedback, fmt=feedback_format)
-    written = [p for p in (csv_path, json_path, feedback) if p]
+    written = [p for p in (csv_path, json_path, totals_path, feedback) if p]
     if written:
         print("gradebook written to " + ", ".join(written))
-    if any(g.status != "graded" for g in graded):
+    if any(g.status not in ("graded", "ignored") for g in graded):
         return 2
     ok = all(r.points == r.max for r in rows)
     return 0 if ok else 1

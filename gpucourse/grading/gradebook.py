@@ -17,11 +17,17 @@ CSV/JSON columns (:data:`COLUMNS`)::
     seconds   time the check cells ran
     error     the first line of the judge's reason (or why the notebook was not graded)
     restored  "edited" (the check was changed: restored), "deleted" (put back), "missing" (0 points)
-    status    graded / unreadable / duplicate / wrong chapter / no release / no checks / not graded
+    status    graded / unreadable / duplicate / wrong chapter / no release / no checks / not graded /
+              ignored (another copy of a chapter whose release-named file is graded: a "-" row, 0 of 0)
 
-The JSON also records the grading run: the isolation in force, the seed every check's inputs were
+The JSON also records the grading run: when (``date``, ISO 8601, UTC), with what (``course``: the
+course's version and git commit when it has one, and the release the checks came from; ``grader``:
+the grader's version and Python's), the isolation in force, the seed every check's inputs were
 drawn from (``grade --seed`` with it reproduces the grades), and per notebook its wall time and the
 errors of cells that are not checks.
+
+The totals file (``--totals``, :data:`TOTALS_COLUMNS`) is one line per student for an LMS to
+import: ``student, points, max, percent``.
 
 **A student writes much of what is in here** (their folder's and files' names, their exceptions'
 messages, the values the judge quotes back), so every such text is cut where it is stored or printed
@@ -43,8 +49,9 @@ import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["COLUMNS", "Row", "csv_cell", "cut", "earned", "printable", "summary_table", "write_csv",
-           "write_feedback", "write_json"]
+__all__ = ["COLUMNS", "NotAGradebook", "Row", "TOTALS_COLUMNS", "Update", "csv_cell", "cut", "earned",
+           "printable", "students_in", "summary_table", "write_csv", "write_feedback", "write_json",
+           "write_totals"]
 
 NAME_LIMIT = 200            # a student's, a notebook's or a title's name, wherever it is stored or shown
 ERROR_LIMIT = 2_000         # an error (one line) in the gradebook and on the terminal
@@ -111,14 +118,18 @@ class Row:
     restored: str
     status: str
     message: str = ""        # the judge's full message (feedback only; never a hidden check's source)
+    note: str = ""           # how the notebook was matched ("homework.ipynb: chapter 02 by its exercise
+                             # ids"): in the student's line of the table and the feedback, not a column
 
     def __post_init__(self):
         # a student's exception or value can be megabytes long: cut once, for every output
         self.error = cut(self.error, ERROR_LIMIT)
         self.message = cut(self.message, MESSAGE_LIMIT)
+        self.note = cut(self.note, ERROR_LIMIT)
 
 
-COLUMNS = [f for f in Row.__dataclass_fields__ if f != "message"]
+COLUMNS = [f for f in Row.__dataclass_fields__ if f not in ("message", "note")]
+TOTALS_COLUMNS = ["student", "points", "max", "percent"]
 
 
 def earned(points: float, visible_passed: bool, hidden_passed: bool | None) -> float:
@@ -141,20 +152,158 @@ def stored(r: Row) -> dict:
     return out
 
 
-def write_csv(rows: list[Row], path: str | Path) -> None:
+class NotAGradebook(ValueError):
+    """A file in the way of a gradebook that is not one this grader wrote (not overwritten)."""
+
+
+def stored_student(student: str, kind: str) -> str:
+    """A student's name as a gradebook of ``kind`` (``"csv"``, ``"json"``, ``"totals"``) stores it."""
+    name = cut(student, NAME_LIMIT)
+    return name if kind == "json" else csv_cell(name)
+
+
+def _read_records(path: Path, kind: str) -> tuple[list[dict], dict]:
+    """(records, the rest of a JSON gradebook) of an existing gradebook; ``([], {})`` when there is
+    none or it is empty; :class:`NotAGradebook` when the file is something else."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return [], {}
+    except (OSError, UnicodeDecodeError) as e:
+        raise NotAGradebook(f"{path} cannot be read as a gradebook: {e}") from None
+    if not text.strip():
+        return [], {}
+    if kind == "json":
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise NotAGradebook(f"{path} is not a JSON gradebook: {e}") from None
+        rows = data.get("rows") if isinstance(data, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "student" in r for r in rows):
+            raise NotAGradebook(f"{path} is not a JSON gradebook of this grader (no rows with a student)")
+        return rows, data
+    header = TOTALS_COLUMNS if kind == "totals" else COLUMNS
+    reader = csv.DictReader(text.splitlines())
+    if reader.fieldnames != header:
+        raise NotAGradebook(f"{path} is not a {'totals file' if kind == 'totals' else 'CSV gradebook'} of "
+                            f"this grader (its columns: {', '.join(reader.fieldnames or [])[:200]})")
+    return list(reader), {}
+
+
+def students_in(path: str | Path, kind: str) -> list[str]:
+    """The students an existing gradebook file holds, as it stores them, in its order."""
+    records, _ = _read_records(Path(path), kind)
+    return list(dict.fromkeys(r["student"] for r in records))
+
+
+def _merge(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old``'s records with each student of ``new`` replaced by ``new``'s records (where the
+    student's first old record was); students only in ``new`` after.
+
+    Example::
+
+        >>> _merge([{"student": "a", "x": 1}, {"student": "b", "x": 1}, {"student": "a", "x": 2}],
+        ...        [{"student": "a", "x": 3}, {"student": "c", "x": 3}])
+        [{'student': 'a', 'x': 3}, {'student': 'b', 'x': 1}, {'student': 'c', 'x': 3}]
+    """
+    fresh: dict[str, list[dict]] = {}
+    for r in new:
+        fresh.setdefault(r["student"], []).append(r)
+    out, placed = [], set()
+    for r in old:
+        s = r.get("student")
+        if s not in fresh:
+            out.append(r)
+        elif s not in placed:
+            out += fresh[s]
+            placed.add(s)
+    for s, records in fresh.items():
+        if s not in placed:
+            out += records
+    return out
+
+
+@dataclass
+class Update:
+    """What writing a gradebook with ``update=True`` did, student by student."""
+
+    regraded: list[str]         # this run's students already in the file (their records replaced)
+    added: list[str]            # this run's students new to the file
+    kept: int                   # other students' records left as they were
+
+
+def _update(old: list[dict], new: list[dict]) -> tuple[list[dict], Update]:
+    before = list(dict.fromkeys(r.get("student") for r in old))
+    now = list(dict.fromkeys(r["student"] for r in new))
+    return _merge(old, new), Update([s for s in now if s in before], [s for s in now if s not in before],
+                                    len([s for s in before if s not in now]))
+
+
+def _write_table(path: Path, header: list[str], records: list[dict]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=header, extrasaction="ignore")
         w.writeheader()
-        for r in rows:
-            # the exercise column is the course's own ("NN.k", or "-" for a notebook not graded)
-            w.writerow({k: v if k == "exercise" else csv_cell(v) for k, v in stored(r).items()})
+        w.writerows(records)
+
+
+def write_csv(rows: list[Row], path: str | Path, *, update: bool = False) -> Update | None:
+    """The gradebook as CSV. With ``update``, merged into the file already there, student by
+    student (:func:`_merge`): returns what changed."""
+    # the exercise column is the course's own ("NN.k", or "-" for a notebook not graded)
+    records = [{k: v if k == "exercise" else csv_cell(v) for k, v in stored(r).items()} for r in rows]
+    done = None
+    if update:
+        records, done = _update(_read_records(Path(path), "csv")[0], records)
+    _write_table(Path(path), COLUMNS, records)
+    return done
+
+
+def write_totals(rows: list[Row], path: str | Path, *, update: bool = False) -> Update | None:
+    """One line per student, for an LMS to import: ``student, points, max, percent`` (percent of the
+    maximum, two decimals at most; empty when the maximum is 0), escaped as :func:`write_csv` does.
+    With ``update``, merged into the file already there, student by student."""
+    records = []
+    for student, t in _totals(rows).items():
+        percent = _num(round(100 * t["points"] / t["max"], 2)) if t["max"] else ""
+        records.append({"student": csv_cell(cut(student, NAME_LIMIT)), "points": _num(t["points"]),
+                        "max": _num(t["max"]), "percent": percent})
+    done = None
+    if update:
+        records, done = _update(_read_records(Path(path), "totals")[0], records)
+    _write_table(Path(path), TOTALS_COLUMNS, records)
+    return done
 
 
 def write_json(rows: list[Row], path: str | Path, *, isolation: str = "", seed: int | None = None,
-               notebooks: list[dict] | None = None) -> None:
-    data = {"isolation": isolation, "seed": seed, "notebooks": notebooks or [],
+               notebooks: list[dict] | None = None, provenance: dict | None = None,
+               update: bool = False) -> Update | None:
+    """The gradebook as JSON: this run's ``provenance`` (date, course and grader versions, release),
+    isolation and seed, then ``notebooks`` and ``rows``. With ``update``, rows and notebooks are
+    merged into the file already there, student by student; the file's earlier provenance moves to
+    ``earlier_runs``, each naming the students whose rows it still holds."""
+    data = {**(provenance or {}), "isolation": isolation, "seed": seed, "notebooks": notebooks or [],
             "rows": [stored(r) for r in rows]}
+    done = None
+    if update:
+        old_rows, old = _read_records(Path(path), "json")
+        data["rows"], done = _update(old_rows, data["rows"])
+        if old:
+            data["notebooks"] = _merge([n for n in old.get("notebooks", []) if isinstance(n, dict)],
+                                       data["notebooks"])
+            regraded = set(done.regraded)
+            run = {k: v for k, v in old.items() if k not in ("rows", "notebooks", "earlier_runs")}
+            before = {s for e in old.get("earlier_runs", []) for s in e.get("students", [])}
+            run["students"] = list(dict.fromkeys(r["student"] for r in old_rows
+                                                 if r["student"] not in before))
+            earlier = []
+            for e in [*old.get("earlier_runs", []), run]:
+                e = dict(e, students=[s for s in e.get("students", []) if s not in regraded])
+                if e["students"]:
+                    earlier.append(e)
+            if earlier:
+                data["earlier_runs"] = earlier
     Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return done
 
 
 def _num(x: float) -> str:
@@ -176,8 +325,10 @@ def _totals(rows: list[Row]) -> dict[str, dict]:
             t["hid"] += r.hidden == "✓"
         if r.notebook not in t["notebooks"]:
             t["notebooks"].append(r.notebook)
-        if r.status != "graded" and r.status not in t["notes"]:
-            t["notes"].append(r.status)
+        note = f"ignored {r.notebook}" if r.status == "ignored" else r.status if r.status != "graded" else ""
+        for n in (note, r.note):
+            if n and n not in t["notes"]:
+                t["notes"].append(n)
         if r.restored and f"{r.exercise} {r.restored}" not in t["notes"]:
             t["notes"].append(f"{r.exercise} {r.restored}")
     return out
@@ -202,7 +353,8 @@ def summary_table(rows: list[Row]) -> str:
         pts = f"{_num(t['points'])}/{_num(t['max'])}"
         checks = f"{t['vis']}/{t['n']}"
         hidden = f"{t['hid']}/{t['hid_n']}" if t["hid_n"] else "-"
-        lines.append(f"{student:<{width}}  {pts:>6}  {checks:>6}  {hidden:>6}  {', '.join(t['notes'])}".rstrip())
+        notes = ", ".join(printable(n, ERROR_LIMIT) for n in t["notes"])     # file names are the student's
+        lines.append(f"{student:<{width}}  {pts:>6}  {checks:>6}  {hidden:>6}  {notes}".rstrip())
     return "\n".join(lines)
 
 
@@ -242,6 +394,7 @@ def feedback_markdown(student: str, rows: list[Row]) -> str:
     t = _totals(rows)[student]
     lines = [f"# Feedback for {_code(cut(student, NAME_LIMIT))}", "",
              "Notebook: " + ", ".join(_code(cut(n, NAME_LIMIT)) for n in t["notebooks"]), "",
+             *[line for n in dict.fromkeys(r.note for r in rows if r.note) for line in (f"Note: {_code(n)}", "")],
              f"Points: **{_num(t['points'])} / {_num(t['max'])}** — an exercise earns its points when "
              "its check passes, and its hidden check too when one was run.", "",
              "| exercise | check | hidden | points | note |", "|---|---|---|---|---|"]
@@ -255,7 +408,7 @@ def feedback_markdown(student: str, rows: list[Row]) -> str:
         label = f"{r.exercise} {r.title}" if r.exercise != "-" else _code(cut(r.title, NAME_LIMIT))
         lines.append(f"| {_cell(label)} | {r.visible} | {r.hidden or '-'} | {_num(r.points)}/{_num(r.max)} | "
                      f"{_cell('; '.join(parts))} |")
-    failed = [r for r in rows if r.points < r.max or r.visible != "✓"]
+    failed = [r for r in rows if (r.points < r.max or r.visible != "✓") and r.status != "ignored"]
     if failed:
         lines += ["", "## What to look at", ""]
         for r in failed:

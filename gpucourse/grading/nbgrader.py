@@ -11,7 +11,8 @@ notebook maps onto nbgrader's cell metadata directly::
 
 One assignment per chapter (``DIR/source/00_setup/00_setup_exercises.ipynb``, …), or the chapters
 given with ``--chapter`` into one ``--assignment``. An ``nbgrader_config.py`` is written when the
-folder has none: the course id, the root, where the judge finds the course's solutions, and
+folder has none (paths in it relative to the file, so the folder can move): the course id
+(``--course-id``), the root, where the judge finds the course's solutions, and
 ``GPUCOURSE_HIDDEN_CHECKS=1`` — so in ``nbgrader autograde`` each check cell runs its exercise's
 hidden check too, through the judge, and the cell (its ``points``) passes only when both pass: the
 same rule as ``python -m gpucourse grade --hidden``. No hidden test is ever in a notebook, so an
@@ -27,6 +28,8 @@ nbgrader issue #1961), a real edit still warns, and feedback cannot show a hidde
 from __future__ import annotations
 
 import copy
+import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -48,27 +51,35 @@ import warnings
 # cascades backrefs, and nbgrader adds the object itself right after. Harmless; silenced here.
 warnings.filterwarnings("ignore", message=r"Object of type <\\w+> not in session")
 
+# No absolute path: the course folder is the one this file is in, wherever it is copied or moved.
+HERE = os.path.dirname(os.path.abspath(__file__))
+
 c = get_config()  # noqa: F821 - nbgrader's config loader provides it
-c.CourseDirectory.course_id = "gpucourse"
-c.CourseDirectory.root = {root!r}
+c.CourseDirectory.course_id = {course_id}
+c.CourseDirectory.root = HERE
 c.ExecutePreprocessor.timeout = 600
 # a deleted check cell is put back (as `gpucourse grade` does), not silently worth 0 points
 c.OverwriteCells.add_missing_cells = True
 
 # The course's checks are decided by a judge process that runs the course's own solutions on the
 # check's inputs (never inside the student's code): it needs to find them.
-os.environ.setdefault("GPUCOURSE_SOLUTIONS", {solutions!r})
+{solutions}
 # Every check cell also runs its exercise's hidden check (held by the judge, never in a notebook):
 # an exercise earns its points only when both pass, as in `gpucourse grade --hidden`.
 os.environ["GPUCOURSE_HIDDEN_CHECKS"] = "1"
 
-# Feedback never shows hidden tests (the course puts none in a notebook; an instructor's own might).
-c.GenerateFeedback.preprocessors = [
-    "nbgrader.preprocessors.GetGrades",
-    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
-    "nbgrader.preprocessors.ClearHiddenTests",
-]
+# Feedback cannot show a hidden test: the course puts none in a notebook (the judge holds them). Were
+# you to add nbgrader hidden tests of your own, add "nbgrader.preprocessors.ClearHiddenTests" to
+# c.GenerateFeedback.preprocessors (nbgrader then warns "Config option display_data_priority not
+# recognized by ClearHiddenTests": nbconvert's HTML exporter sets that option for every
+# preprocessor, and nbgrader's own do not take it; harmless).
 '''
+
+#: where the judge finds the course's solutions, in the config: by default the ones next to the
+#: package (nothing to write); others relative to the config file
+SOLUTIONS_DEFAULT = ("# The judge finds them next to the gpucourse package (the course's solutions/);\n"
+                     "# set GPUCOURSE_SOLUTIONS to use others.")
+SOLUTIONS_RELATIVE = 'os.environ.setdefault("GPUCOURSE_SOLUTIONS", os.path.join(HERE, {relative}))'
 
 
 def grade_id(exercise: str) -> str:
@@ -124,7 +135,7 @@ def to_nbgrader(nb, *, name: str = "notebook"):
 
 
 def export_nbgrader(dest: str | Path, *, solutions: str | Path | None = None, chapters: list[str] | None = None,
-                    assignment: str | None = None) -> list[Path]:
+                    assignment: str | None = None, course_id: str = "gpucourse") -> list[Path]:
     """Write ``dest/source/<assignment>/NN_*.ipynb`` (and ``dest/nbgrader_config.py`` if missing).
 
     Args:
@@ -134,9 +145,11 @@ def export_nbgrader(dest: str | Path, *, solutions: str | Path | None = None, ch
         chapters: ``["00", "08"]``; default every chapter.
         assignment: one assignment for all the chapters; default one per chapter, named by
             :func:`assignment_name`.
+        course_id: nbgrader's course id, written into the config.
 
     Returns the notebooks written (the config file is not in the list).
     """
+    given = solutions
     if solutions is None:
         from .harness import _PACKAGE_DIR
 
@@ -160,6 +173,10 @@ def export_nbgrader(dest: str | Path, *, solutions: str | Path | None = None, ch
         written.append(path)
     config = dest / "nbgrader_config.py"
     if not config.exists():
-        config.write_text(CONFIG.format(root=str(dest.resolve()), solutions=str(Path(solutions).resolve())),
-                          encoding="utf-8")
+        if given is None:
+            where = SOLUTIONS_DEFAULT
+        else:
+            relative = os.path.relpath(Path(given).resolve(), dest.resolve())
+            where = SOLUTIONS_RELATIVE.format(relative=json.dumps(relative))
+        config.write_text(CONFIG.format(course_id=json.dumps(course_id), solutions=where), encoding="utf-8")
     return written

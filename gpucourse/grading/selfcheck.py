@@ -29,7 +29,7 @@ from pathlib import Path
 import nbformat
 
 from .engine import _current_env_kernel_manager, steady_client_class
-from .grade import Judges, Options, Submission, _answer_folders, grade_notebook
+from .grade import Judges, Options, Submission, _answer_folders, course_release, grade_notebook
 from .restore import load_releases
 from .sandbox import isolation
 
@@ -144,6 +144,10 @@ def _kernel_stack(pid: int | None, stack_file: str, wait: float = 2.0) -> str:
 
 
 def _find_releases(path: Path, release: str | None):
+    """The release the notebook's checks are restored from: ``release``; else ``exercises/`` (or a
+    folder of release notebooks) next to the notebook, above it or in the current folder; else the
+    course's own next to the package (:func:`.grade.course_release`) — so a notebook in a JupyterHub
+    home or an nbgrader assignment, far from any checkout, is checked too."""
     if release is not None:
         return load_releases(release)
     for folder in (path.resolve().parent, path.resolve().parent.parent, Path.cwd()):
@@ -153,6 +157,12 @@ def _find_releases(path: Path, release: str | None):
                     return load_releases(candidate)
                 except Exception:  # noqa: BLE001 - an unreadable release: check the notebook as is
                     continue
+    course = course_release()
+    if course is not None:
+        try:
+            return load_releases(course)
+        except Exception:  # noqa: BLE001 - an unreadable release: check the notebook as is
+            pass
     return {}
 
 

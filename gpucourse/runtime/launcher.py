@@ -112,7 +112,8 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
         ``[fn(0, ...), fn(1, ...), ...]`` — return values must be picklable.
 
     Raises:
-        WorkerError: a rank raised (or died); ``.rank`` names it, the message holds its traceback.
+        WorkerError: a rank raised (or died); ``.rank`` names it — where several raised, the lowest
+            that raised an error of its own — and the message holds its traceback.
         TimeoutError: not all ranks finished within ``timeout``; names the ranks still running
             and shows where each one was stuck.
 
@@ -193,7 +194,8 @@ def _wait_for_ranks(ranks: list[Rank], timeout: float):
 
     ``failure`` is ``("timeout", ranks still in fn, ranks waiting in the closing barrier, ranks
     still joining the process group)`` or
-    ``("error", rank, exception type name | None, traceback, exitcode)`` for the first failed rank.
+    ``("error", rank, exception type name | None, traceback, exitcode)`` for the failed rank: the
+    lowest that raised an error of its own (:func:`_lowest_failure`), or one that died.
     """
     n = len(ranks)
     results: list[Any] = [None] * n
@@ -228,13 +230,47 @@ def _wait_for_ranks(ranks: list[Rank], timeout: float):
                     dead = _died_silently(ranks, reported, grace=0.5 if peer_gone else 0.0)
                     if dead is not None:   # a peer's death is the cause, its "connection closed" the effect
                         return results, ("error", dead, None, "", ranks[dead].process.exitcode)
-                    return results, ("error", i, msg[1], msg[2], None)
+                    return results, _lowest_failure(ranks, reported, i, msg)
                 results[i] = pickle.loads(msg[1])
             elif not reported[by_sentinel[obj]] and not ranks[by_sentinel[obj]].messages.poll(0):
                 i = by_sentinel[obj]  # exited, and nothing is left to read: it died
                 ranks[i].process.join(1)
                 return results, ("error", i, None, "", ranks[i].process.exitcode)
     return results, None
+
+
+#: seconds the launcher waits, after a rank raised, for the others' reports before naming one
+FAILURE_SETTLE = 2.0
+
+
+def _lowest_failure(ranks: list[Rank], reported: list[bool], first: int, msg: tuple,
+                    settle: float = FAILURE_SETTLE) -> tuple:
+    """The failure to report once rank ``first`` raised (``msg``): the lowest rank that raised an
+    error of its own, among the reports that arrive within ``settle`` seconds.
+
+    Ranks often fail together (each raises the same error on its own shard), and which of them
+    reports first is a race: naming that one made the same run say "rank 0 raised" once and "rank 1
+    raised" the next. An error that only says a peer's connection went away is the effect of
+    another rank's failure, so a rank that raised one is named only when no other rank raised."""
+    failures = {first: (msg[1], msg[2])}
+    pending = {r.messages: j for j, r in enumerate(ranks) if not reported[j]}
+    deadline = time.monotonic() + settle
+    while pending and time.monotonic() < deadline:
+        for conn in _wait_for(list(pending), timeout=max(0.0, deadline - time.monotonic())):
+            j = pending.pop(conn)
+            try:
+                reply = conn.recv()
+            except EOFError:                     # it died: its peers' reports say so
+                continue
+            if reply[0] in ("joined", "returned"):
+                pending[conn] = j
+                continue
+            reported[j] = True
+            if reply[0] != "ok":
+                failures[j] = (reply[1], reply[2])
+    own = [j for j, (_, tb) in failures.items() if not any(w in (tb or "") for w in _PEER_GONE)]
+    rank = min(own or failures)
+    return ("error", rank, *failures[rank], None)
 
 
 #: what a rank's collective raises when a peer's connection went away (gloo, NCCL's TCP store)

@@ -352,14 +352,21 @@ def test_students_come_from_folders_in_every_form_of_the_command_line(tmp_path):
     assert len(discover([str(subs), str(subs / "alice")])) == 4              # a file named twice: once
 
 
-def test_a_chapter_handed_in_twice_is_flagged(tmp_path):
-    from gpucourse.grading.grade import discover
+def test_a_chapter_handed_in_twice_grades_the_release_named_one(tmp_path):
+    """The copy is ignored, not graded (it sorts first); without the release's name: duplicate.
+    tests/grading/test_gradebook_workflow.py grades such a class."""
+    from gpucourse.grading.grade import discover, one_per_chapter
+    from gpucourse.grading.restore import load_releases
 
-    (tmp_path / "alice").mkdir()
-    (tmp_path / "alice" / "00_setup_exercises.ipynb").write_text("{}")
-    (tmp_path / "alice" / "00_setup_exercises (copy).ipynb").write_text("{}")
-    subs = discover([str(tmp_path)])
-    assert [s.problem.startswith("duplicate") for s in subs] == [False, True]
+    releases = load_releases(ROOT / "exercises")
+    for student, names in (("alice", ["00_setup_exercises.ipynb", "00_setup_exercises (copy).ipynb"]),
+                           ("bob", ["00_setup_exercises (copy).ipynb", "00_setup_exercises-Copy1.ipynb"])):
+        (tmp_path / student).mkdir()
+        for name in names:
+            (tmp_path / student / name).write_text("{}")
+    subs, _ = one_per_chapter(discover([str(tmp_path)]), releases)
+    assert [(s.student, s.problem.split(":")[0], s.carries) for s in subs] == [
+        ("alice", "ignored", False), ("alice", "", True), ("bob", "duplicate", True), ("bob", "duplicate", False)]
 
 
 def test_an_unreadable_notebook_scores_zero_of_its_chapter_and_is_named(tmp_path, capsys):

@@ -43,7 +43,8 @@ def test_export_one_assignment_per_chapter_and_a_config(tmp_path):
     assert [p.name for p in written] == chapters
     assert {p.parent.name for p in written} == {n.removesuffix("_exercises.ipynb") for n in chapters}
     config = (tmp_path / "nbgrader_config.py").read_text()
-    assert "course_id" in config and str(tmp_path.resolve()) in config and "GPUCOURSE_HIDDEN_CHECKS" in config
+    assert 'course_id = "gpucourse"' in config and "GPUCOURSE_HIDDEN_CHECKS" in config
+    assert str(tmp_path.resolve()) not in config and str(ROOT) not in config        # no absolute path
     (tmp_path / "nbgrader_config.py").write_text("# mine\n")
     some = export_nbgrader(tmp_path / "x", chapters=["03", "00"], assignment="week1")
     assert [p.relative_to(tmp_path / "x").as_posix() for p in some] == [
@@ -54,6 +55,77 @@ def test_export_one_assignment_per_chapter_and_a_config(tmp_path):
         export_nbgrader(tmp_path, chapters=["42"])
     with pytest.raises(FileNotFoundError):
         export_nbgrader(tmp_path, solutions=tmp_path / "nothing")
+
+
+#: prints what nbgrader reads from the config in the folder argv[1]: root, course id, solutions
+LOAD_CONFIG = """
+import os, sys
+from traitlets.config.loader import PyFileConfigLoader
+cfg = PyFileConfigLoader("nbgrader_config.py", path=sys.argv[1]).load_config()
+print(cfg.CourseDirectory.root, cfg.CourseDirectory.course_id, os.environ.get("GPUCOURSE_SOLUTIONS", "-"))
+"""
+
+
+def _read_config(course: Path) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != "GPUCOURSE_SOLUTIONS"}
+    r = subprocess.run([sys.executable, "-c", LOAD_CONFIG, str(course)], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_the_config_names_no_absolute_path_takes_the_course_id_and_moves_with_its_folder(tmp_path):
+    from gpucourse.__main__ import main
+
+    here = tmp_path / "here"
+    (here / "solutions").mkdir(parents=True)
+    nbformat.write(tiny_solutions(hidden=True), here / "solutions" / "99_tiny_exercises.ipynb")
+    assert main(["export-nbgrader", str(here / "course"), "--solutions", str(here / "solutions"),
+                 "--course-id", "cs-101"]) == 0
+    text = (here / "course" / "nbgrader_config.py").read_text()
+    assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text and str(ROOT) not in text, text
+    assert 'c.CourseDirectory.course_id = "cs-101"' in text
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    here.rename(moved)                                     # the course and its solutions, moved together
+    root, course_id, solutions = _read_config(moved / "course")
+    assert (Path(root), course_id) == (moved / "course", "cs-101")
+    assert Path(solutions).resolve() == (moved / "solutions").resolve()
+    # the course's own solutions: the judge finds them next to the package, nothing is written
+    export_nbgrader(tmp_path / "plain", chapters=["00"])
+    assert _read_config(tmp_path / "plain") == [str(tmp_path / "plain"), "gpucourse", "-"]
+
+
+#: builds generate_feedback's exporter from the config in argv[1], as nbgrader 0.9 does, and prints
+#: the preprocessors and what traitlets logged
+FEEDBACK_EXPORTER = """
+import io, logging, sys
+from traitlets.config.loader import PyFileConfigLoader
+from nbgrader.converters import GenerateFeedback
+from nbgrader.coursedir import CourseDirectory
+cfg = PyFileConfigLoader("nbgrader_config.py", path=sys.argv[1]).load_config()
+log = io.StringIO()
+logging.getLogger("traitlets").addHandler(logging.StreamHandler(log))
+feedback = GenerateFeedback(coursedir=CourseDirectory(config=cfg), config=cfg)
+exporter = feedback.exporter_class(parent=feedback, config=feedback.config)
+for pp in feedback.preprocessors:
+    exporter.register_preprocessor(pp)
+print(" ".join(type(p).__name__ for p in exporter._preprocessors))
+print(log.getvalue())
+"""
+
+
+def test_the_feedback_config_sets_no_option_a_preprocessor_does_not_take(tmp_path):
+    """nbconvert's HTML exporter sets ``NbConvertBase.display_data_priority`` for all its
+    preprocessors; nbgrader's ``ClearHiddenTests`` does not take it, so listing it in
+    ``GenerateFeedback.preprocessors`` made every generate_feedback warn "Config option
+    display_data_priority not recognized by ClearHiddenTests"."""
+    pytest.importorskip("nbgrader")
+    export_nbgrader(tmp_path, chapters=["00"])
+    r = subprocess.run([sys.executable, "-c", FEEDBACK_EXPORTER, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "GetGrades" in r.stdout and "not recognized" not in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 NBGRADER = shutil.which("nbgrader", path=str(Path(sys.executable).parent))
@@ -108,6 +180,7 @@ def test_nbgrader_and_grade_give_the_same_points_exercise_by_exercise(tmp_path):
     assert "SAWarning" not in log, log[-3000:]
     r = run("generate_feedback", assignment, "--force")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "not recognized" not in r.stdout + r.stderr, r.stderr[-3000:]
     feedback = "".join(p.read_text() for p in (course / "feedback").rglob("*.html"))
     assert "check_hidden" not in feedback and "BEGIN HIDDEN TESTS" not in feedback
     from nbgrader.api import Gradebook
