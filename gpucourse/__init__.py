@@ -136,3 +136,27 @@ def __dir__() -> list[str]:
     """What an eager package would list: dunders, every public name, every part."""
     here = {n for n in globals() if n.startswith("__") or not n.startswith("_")}
     return sorted(here | set(__all__) | set(_PARTS))
+
+
+def _offer_ranks_magic() -> None:
+    """In IPython, ``import gpucourse`` makes ``%%ranks`` known (a fresh or restarted kernel then
+    says "no live ranks: run gc.start_ranks(n)" instead of "Cell magic `%%ranks` not found"). The
+    magic imports the live ranks (and torch) only when a cell uses it."""
+    import sys
+
+    ipython = sys.modules.get("IPython")            # only where IPython already runs: no import here
+    shell = getattr(ipython, "get_ipython", lambda: None)() if ipython is not None else None
+    if shell is None or "ranks" in shell.magics_manager.magics.get("cell", {}):
+        return
+
+    def ranks(line: str, cell: str):
+        """%%ranks [RANKS] [--timeout SECONDS]: run this cell on the live ranks (gc.start_ranks first)."""
+        __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the traceback
+        from .runtime.live_ranks import _ranks_magic
+
+        return _ranks_magic(line, cell)
+
+    shell.register_magic_function(ranks, magic_kind="cell", magic_name="ranks")
+
+
+_offer_ranks_magic()

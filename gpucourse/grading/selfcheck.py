@@ -261,12 +261,52 @@ def main(paths: list[str], *, cell_timeout: float = 300, notebook_timeout: float
     return 0 if all_ok else 1
 
 
-def check(path: str | os.PathLike, *, cell_timeout: float = 300) -> bool:
+class Verdict:
+    """What :func:`check` returns: true when every check passed. In a notebook it shows nothing (the
+    table printed above says it all: no stray ``False`` under it).
+
+    Example::
+
+        >>> v = Verdict(False)
+        >>> bool(v), v == False, v
+        (False, True, Verdict(passed=False))
+    """
+
+    def __init__(self, passed: bool):
+        self.passed = bool(passed)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __eq__(self, other):
+        return self.passed == other if isinstance(other, bool) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.passed)
+
+    def __repr__(self) -> str:
+        return f"Verdict(passed={self.passed})"
+
+    def _ipython_display_(self) -> None:
+        """Displayed as nothing (IPython calls this instead of showing an Out[] line)."""
+
+
+def _in_a_graded_run() -> bool:
+    """Whether this kernel is the grader's (or the judge's): the notebook is being checked already."""
+    from .harness import _state
+
+    return _state.get("mode") in ("graded", "judge")
+
+
+def check(path: str | os.PathLike, *, cell_timeout: float = 300) -> Verdict | None:
     """Check a saved notebook in a fresh kernel, from a notebook cell or a script; print the table.
 
     Runs ``python -m gpucourse check PATH`` with this interpreter (the course's ``.venv``), so it
     works without an activated environment. Returns True when every check passes.
     """
+    if _in_a_graded_run():
+        print("(gc.check … is skipped here: this notebook is being checked right now)")
+        return None
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no notebook at {str(path)!r}; pass the path of your saved exercises "
@@ -277,7 +317,7 @@ def check(path: str | os.PathLike, *, cell_timeout: float = 300) -> bool:
     print(proc.stdout.rstrip())
     if proc.returncode not in (0, 1):
         print(proc.stderr.rstrip(), file=sys.stderr)
-    return proc.returncode == 0
+    return Verdict(proc.returncode == 0)
 
 
 def _this_notebook() -> Path:
@@ -303,6 +343,11 @@ def _this_notebook() -> Path:
                        "gc.check('exercises/NN_…_exercises.ipynb')")
 
 
-def check_this_notebook(*, cell_timeout: float = 300) -> bool:
-    """Check the notebook this cell belongs to (its saved copy) in a fresh kernel; print the table."""
+def check_this_notebook(*, cell_timeout: float = 300) -> Verdict | None:
+    """Check the notebook this cell belongs to (its saved copy) in a fresh kernel; print the table.
+
+    A cell calling it may stay in the notebook: when the notebook itself is being checked or graded,
+    the call only says so (it is not graded as a cell of the notebook)."""
+    if _in_a_graded_run():
+        return check("", cell_timeout=cell_timeout)
     return check(_this_notebook(), cell_timeout=cell_timeout)

@@ -226,11 +226,20 @@ def test_check_this_notebook_from_a_cell(tiny_release, tmp_path, monkeypatch, ca
     path = tiny_submission(tmp_path / "subs", "me", "return x * x")
     (tmp_path / "subs" / "me" / "exercises").symlink_to(rel)       # the release next to the notebook
     monkeypatch.setenv("JPY_SESSION_NAME", str(path))
-    assert gc.check_this_notebook() is True
+    verdict = gc.check_this_notebook()
+    assert bool(verdict) is True and verdict == True  # noqa: E712 - the comparison is the point
     out = capsys.readouterr().out
     assert "99.1  ✓" in out and "1 of 1 checks pass" in out
     bad = tiny_submission(tmp_path / "subs", "me", "return 0")
-    assert gc.check(bad) is False
+    assert bool(gc.check(bad)) is False
+    # left in the notebook, the call is not a failing cell of the notebook when it is checked
+    again = tiny_submission(tmp_path / "subs", "me", "return x * x", extra=["gc.check_this_notebook()"])
+    monkeypatch.delenv("GPUCOURSE_SOLUTIONS")
+    from gpucourse.grading.selfcheck import check_notebook
+
+    results = check_notebook(again, solutions=str(sol), release=str(rel))
+    assert [(r.label, r.passed) for r in results] == [("99.1", True)], [(r.label, r.error) for r in results]
+    monkeypatch.setenv("GPUCOURSE_SOLUTIONS", str(sol))
     monkeypatch.delenv("JPY_SESSION_NAME")
     with pytest.raises(RuntimeError, match="gc.check"):
         gc.check_this_notebook()

@@ -171,3 +171,16 @@ def test_nbval_fails_a_notebook_whose_rank_raises(tmp_path):
     assert result.returncode == 1, result.stdout[-3000:]
     assert "1 failed, 4 passed" in result.stdout, result.stdout[-3000:]
     assert "RankError" in result.stdout and "rank 1 raised KeyError" in result.stdout
+
+
+def test_ranks_magic_is_known_after_import_in_a_fresh_kernel(kernel):
+    """A fresh (or restarted) kernel that has only imported the package gets the course's message,
+    not IPython's "Cell magic `%%ranks` not found"; importing starts no rank and imports no torch."""
+    status, out = kernel.run("import sys, gpucourse as gc\n'torch' in sys.modules")
+    assert (status, out) == ("ok", [("execute_result", "False")])
+    status, out = kernel.run("%%ranks\nprint(rank)")
+    assert (status, out) == ("error", [("stderr", "UsageError: no live ranks: they were never started: "
+                                                  "call gc.start_ranks(n) first\n")]), out
+    status, out = kernel.run("gc.start_ranks(2)\n")
+    assert status == "ok", out
+    assert kernel.run("%%ranks\nprint(rank)") == ("ok", [("stdout", "[rank 0] 0\n[rank 1] 1\n")])
