@@ -90,6 +90,46 @@ def test_every_escape_fails_and_the_kernel_has_no_capabilities(tiny_release, tmp
     assert not (solutions.parent / "planted.py").exists()
 
 
+def _report(text: str) -> dict:
+    return json.loads(text[text.index("REPORT") + len("REPORT"):].split("\n")[0].rstrip("'\")"))
+
+
+def _assert_no_escape(report: dict) -> None:
+    assert report["CapEff"] == 0, report
+    if os.getuid() == 0:
+        assert report["uid"] == sandbox.SANDBOX_UID and report["CapBnd"] == 0, report
+    succeeded = [name for name in ATTEMPTS if report[name] == "ok"]
+    assert not succeeded, f"these escapes worked inside the sandbox: {succeeded} ({report})"
+
+
+@pytest.mark.slow
+def test_no_escape_in_another_chapter_without_hidden_checks_nor_in_the_self_check(tmp_path):
+    """The same escapes from a chapter-00 release notebook graded without --hidden, and from the
+    learner's self-check (``check``), which runs in the same sandbox."""
+    from pathlib import Path
+
+    import nbformat
+    from nbformat.v4 import new_code_cell
+
+    from gpucourse.grading.selfcheck import check_notebook
+
+    root = Path(__file__).resolve().parents[2]
+    release = next((root / "exercises").glob("00_*.ipynb"))
+    nb = nbformat.read(release, as_version=4)
+    nb.cells.insert(2, new_code_cell(ESCAPES))
+    (tmp_path / "subs" / "mallory").mkdir(parents=True)
+    path = tmp_path / "subs" / "mallory" / release.name
+    nbformat.write(nb, path)
+    out = tmp_path / "g.json"
+    grade([str(tmp_path / "subs")], release=str(root / "exercises"), workers=1, json_path=str(out), quiet=True)
+    data = json.loads(out.read_text())
+    _assert_no_escape(_report(next(e for e in data["notebooks"][0]["other_errors"] if "REPORT" in e)))
+    assert all(r["points"] == 0 for r in data["rows"]), data["rows"]
+    results = check_notebook(path, release=str(root / "exercises"))
+    _assert_no_escape(_report(next(r.error for r in results if "REPORT" in r.error)))
+    assert not any(r.passed for r in results)
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="started by another user, bwrap is unprivileged anyway")
 def test_the_grader_refuses_a_sandbox_that_keeps_privileges(tiny_release, tmp_path, monkeypatch, capsys):
     """If the probe finds the sandbox privileged (here: root's sandbox without the drop), grade
