@@ -296,6 +296,10 @@ def _tmpfs(path: str, size: str, mode: str = "1777") -> list[str]:
         "--tmpfs", path]
 
 
+#: the sandbox's own, empty mounts (their mount points exist; what is below them does not)
+_FRESH = ("/tmp", "/run", "/dev", "/proc")
+
+
 def _parent_dirs(path: Path, mounted: list[str], made: set[str]) -> list[str]:
     """``--dir`` for each folder above ``path`` that bwrap would otherwise create root-only (0700):
     the unprivileged user inside must pass through them. Folders at or below a mount already made
@@ -303,7 +307,7 @@ def _parent_dirs(path: Path, mounted: list[str], made: set[str]) -> list[str]:
     argv = []
     for parent in reversed(Path(path).parents):
         text = str(parent)
-        if text == "/" or text in made or any(text == m or text.startswith(m + "/") for m in mounted):
+        if text in ("/", *_FRESH) or text in made or any(text == m or text.startswith(m + "/") for m in mounted):
             continue
         argv += (["--perms", "0755"] if "--perms" in bwrap_features() else []) + ["--dir", text]
         made.add(text)
@@ -325,7 +329,9 @@ def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None,
     size = str(limits.disk_bytes)
     argv += ["--dev", "/dev", "--proc", "/proc", *_tmpfs("/tmp", size), "--tmpfs", "/run"]
     shown = visible_paths()
-    mounted = [d for d in SYSTEM_DIRS if not os.path.islink(d)] + ["/tmp", "/run", "/dev", "/proc"]
+    # binds of the host's folders: what is below them exists. Not the fresh mounts (_FRESH): a folder
+    # below /tmp (a CI clone's venv, the work copy) must be made there, passable by the sandbox's user
+    mounted = [d for d in SYSTEM_DIRS if not os.path.islink(d)]
     made: set[str] = set()
     for path in shown:
         if not any(str(path) == d or str(path).startswith(d + "/") for d in SYSTEM_DIRS if not os.path.islink(d)):

@@ -53,3 +53,27 @@ def test_a_sandboxed_process_cannot_see_the_solutions_or_git(tmp_path):
     seen, ok, listing = r.stdout.splitlines()
     assert (seen, ok) == ("[False, False, False, False]", "package ok")
     assert set(eval(listing)) <= {"gpucourse", ".venv"}, listing     # the course root: the package, at most a venv
+
+
+@pytest.mark.skipif(sandbox.isolation() != "bwrap", reason="needs bwrap (Debian package bubblewrap)")
+def test_a_course_under_tmp_is_reachable_by_the_sandboxs_user(tmp_path, monkeypatch):
+    """A CI clone under /tmp: the folders above the package are made inside the sandbox's fresh /tmp
+    passable by the unprivileged user (bwrap would make them root-only), so the kernel imports it."""
+    import os
+    import shutil
+
+    course = Path("/tmp") / tmp_path.name / "clone"       # under /tmp whatever TMPDIR is
+    try:
+        shutil.copytree(Path(sandbox._GRADING_DIR).parent, course / "gpucourse",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        monkeypatch.setattr(sandbox, "_GRADING_DIR", course / "gpucourse" / "grading")
+        work = tmp_path / "work"
+        work.mkdir()
+        code = (sandbox._BOOT.replace("shepherd_main; shepherd_main()", "drop_privileges; drop_privileges()")
+                + "; sys.path.insert(0, sys.argv[2]); import gpucourse.grading.engine as e; print(e.__file__)")
+        argv = sandbox._bwrap_argv(work, []) + [sys.executable, "-c", code, str(sandbox._GRADING_DIR), str(course)]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, **sandbox._drop_env()))
+        assert r.returncode == 0 and r.stdout.strip() == str(course / "gpucourse" / "grading" / "engine.py"), r.stderr
+    finally:
+        shutil.rmtree(Path("/tmp") / tmp_path.name, ignore_errors=True)
