@@ -109,7 +109,9 @@ serve-site:
 	@echo "== the course website: http://127.0.0.1:$(SITE_PORT)/  (Ctrl-C stops it)"
 	$(PY) -m http.server --bind 127.0.0.1 --directory _build/site $(SITE_PORT)
 
-# regenerate exercises/ from solutions/ (the single source of every exercise)
+# regenerate exercises/ from solutions/ (the single source of every exercise), and the public cases
+# in exercises/public/ of every chapter whose checks or solutions changed (the judge computes them;
+# `$(PY) -m gpucourse exercises --refresh-public` recomputes all)
 exercises: $(STAMP)
 	$(PY) -m gpucourse exercises
 

@@ -90,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="write nothing; exit 1 if exercises/ is out of date")
     p.add_argument("--chapter", action="append", metavar="NN",
                    help="only this chapter (repeatable); default: every chapter")
+    p.add_argument("--refresh-public", action="store_true",
+                   help="recompute every chapter's public cases (exercises/public/), even those up to date")
+    p.add_argument("--no-public", action="store_true",
+                   help="leave the public cases (exercises/public/) alone")
 
     p = sub.add_parser("export-nbgrader", help="write an nbgrader course folder (source/<assignment>/, "
                                                "nbgrader_config.py)")
@@ -146,11 +150,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {path}")
         print(f"next: cd {args.dir} && nbgrader generate_assignment {written[0].parent.name}")
         return 0
-    from .grading.exercises import generate_exercises
+    from .grading.exercises import generate_exercises, generate_public_cases
 
     try:
         changed = generate_exercises(args.solutions, args.exercises, check_only=args.check,
                                      chapters=args.chapter)
+        if not args.no_public:
+            # each visible check's public cases (what a check decides with where solutions/ is absent)
+            changed += generate_public_cases(args.solutions, args.exercises, check_only=args.check,
+                                             chapters=args.chapter, refresh=args.refresh_public,
+                                             log=lambda line: print(line, flush=True))
     except FileNotFoundError as e:
         print(f"gpucourse exercises: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@
                  grader's inputs and sends the values out; the ``compare`` vocabulary
 - ``wire``       values as data (JSON; tensors from raw bytes): nothing a kernel sends can run code
 - ``judge``      the process that decides: runs the course's solutions on the same inputs, compares
+- ``public``     the public cases shipped in ``exercises/public/``: what a check decides with where
+                 ``solutions/`` is absent (a public judge: the release's checks, the shipped values)
 - ``restore``    match a submission to its release; put the course's check cells back
 - ``engine``     run a notebook in a fresh kernel; prime each check cell with its inputs, collect
                  its values

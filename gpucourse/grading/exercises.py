@@ -25,6 +25,11 @@ submission (:mod:`.restore`): the notebook's chapter in ``metadata.gpucourse``, 
 cell its exercise id, points (default 1, or the solution cell's ``points`` metadata) and a content
 hash. Each exercise's heading says what a pass prints.
 
+Beside the release, :func:`generate_public_cases` writes ``exercises/public/NN_public_cases.json``:
+each visible check's *public cases* — the first inputs it draws from a fixed public seed and the
+course's values for them, computed by the real judge on ``solutions/`` (data only; see
+:mod:`.public`). A check uses them where ``solutions/`` is absent.
+
 Rule that keeps the pipeline honest: a solution region sits *inside a function*, so the cell that
 defines it still runs in the exercises notebook, and the first thing to fail is the check cell.
 ``tests/test_exercises.py`` enforces that every exercises notebook fails exactly at its check cells.
@@ -41,7 +46,7 @@ import nbformat
 
 __all__ = ["BEGIN", "END", "strip_solutions", "make_exercise_notebook", "exercise_index",
            "generate_exercises", "CHECK_HEADER", "EXERCISE_HEADING", "HIDDEN_HEADER", "HIDDEN_TAG",
-           "CHECK_TAG", "CHECK_CALL", "HIDDEN_CALL", "check_hash", "definition_cells"]
+           "CHECK_TAG", "CHECK_CALL", "HIDDEN_CALL", "check_hash", "definition_cells", "generate_public_cases"]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -308,6 +313,68 @@ def generate_exercises(solutions_dir: str | Path, exercises_dir: str | Path, *,
                 dst.write_text(text, encoding="utf-8")
     for stale in sorted(exercises_dir.glob("[0-9][0-9]_*.ipynb")):
         if stale.name not in expected and (not chapters or stale.name[:2] in chapters):
+            changed.append(stale)
+            if not check_only:
+                stale.unlink()
+    return changed
+
+
+def generate_public_cases(solutions_dir: str | Path, exercises_dir: str | Path, *, check_only: bool = False,
+                          chapters: list[str] | None = None, refresh: bool = False,
+                          log=None) -> list[Path]:
+    """Write ``exercises_dir/public/NN_public_cases.json`` for every chapter whose file is missing or
+    out of date (all of them with ``refresh``); return the files that changed.
+
+    A chapter's file is computed by the real judge (a :class:`.harness.JudgeProcess` on
+    ``solutions_dir``: ``cases`` and ``reference`` requests with :data:`.public.PUBLIC_SEED`, the
+    visible checks only, the first :data:`.public.MAX_CASES` cases of each); it is out of date when
+    its slots are not exactly the release notebook's visible checks, a check cell's hash changed, or
+    the solutions' cells it was computed from did (:func:`.public.public_problems`). Run it after
+    :func:`generate_exercises` (it reads the release notebooks).
+
+    With ``check_only=True`` nothing is written or computed: the return value lists the public files
+    that are missing, out of date or stale (``log`` gets each reason).
+    """
+    import time
+
+    from .public import FOLDER, build_public, public_file, public_problems, write_public
+
+    log = log or (lambda line: None)
+    solutions_dir, exercises_dir = Path(solutions_dir), Path(exercises_dir)
+    sources = sorted(solutions_dir.glob("[0-9][0-9]_*.ipynb"))
+    if chapters:
+        sources = [p for p in sources if p.name[:2] in chapters]
+    if not sources:
+        raise FileNotFoundError(f"no solutions notebooks (NN_*.ipynb) in {str(solutions_dir.resolve())!r}")
+    changed: list[Path] = []
+    expected = set()
+    for src in sources:
+        chapter, release = src.name[:2], exercises_dir / src.name
+        dst = public_file(exercises_dir, chapter)
+        expected.add(dst.name)
+        if not release.is_file():
+            log(f"{dst}: its release notebook {release} is missing")
+            changed.append(dst)
+            continue
+        nb = nbformat.read(src, as_version=4)
+        problems = public_problems(dst, nb, release, name=src.name)
+        for problem in problems:
+            log(problem)
+        if check_only:
+            if problems:
+                changed.append(dst)
+            continue
+        if problems or refresh:
+            started = time.monotonic()
+            doc = build_public(chapter, solutions_dir, release)
+            if write_public(doc, dst):
+                changed.append(dst)
+            log(f"public cases of chapter {chapter}: {len(doc['slots'])} checks, "
+                f"{sum(len(s['seeds']) for s in doc['slots'].values())} cases, {dst.stat().st_size:,} bytes, "
+                f"{time.monotonic() - started:.1f} s")
+    for stale in sorted((exercises_dir / FOLDER).glob("[0-9][0-9]_public_cases.json")):
+        if stale.name not in expected and (not chapters or stale.name[:2] in chapters):
+            log(f"{stale}: no solutions notebook of chapter {stale.name[:2]}")
             changed.append(stale)
             if not check_only:
                 stale.unlink()

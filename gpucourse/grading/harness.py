@@ -21,7 +21,10 @@ Where the judge lives depends on who asked:
 
 - **local** (you run the cell in JupyterLab): a judge process started by this kernel on the first
   check (it reads the course's ``solutions/``) prints ``08.1 passed ✓`` or raises
-  :class:`CheckFailed` with the reason;
+  :class:`CheckFailed` with the reason. Where ``solutions/`` is absent (an instructor kept it), the
+  judge is a *public* one (:mod:`.public`): the same checks on the public cases shipped in
+  ``exercises/public/`` (fixed inputs, the course's values for them), and the cell says so —
+  ``08.1 passed ✓ on the public cases — your instructor's grader draws new ones``;
 - **graded** (``python -m gpucourse check/grade``): the grader primes each check cell with its
   inputs and collects the values afterwards; its own judge decides, after the notebook ran. Your
   kernel never sees the expected values, the hidden checks or the solutions;
@@ -692,9 +695,12 @@ class JudgeProcess:
     ends or stalls while answering it, :class:`JudgeGone` when it had ended before.
     """
 
-    def __init__(self, chapter: str, solutions: str | os.PathLike, *, local: bool, private_network: bool = False):
+    def __init__(self, chapter: str, solutions: str | os.PathLike, *, local: bool, private_network: bool = False,
+                 public: str | os.PathLike | None = None):
         """``private_network``: run it in a network namespace of its own (``bwrap --unshare-net``), so
-        the ranks its reference runs start listen on a loopback nobody else shares."""
+        the ranks its reference runs start listen on a loopback nobody else shares. ``public``: a
+        public cases file (:mod:`.public`): a public judge, ``solutions`` then being the folder of the
+        release notebook."""
         import shutil
         import tempfile
 
@@ -708,6 +714,7 @@ class JudgeProcess:
                                              *filter(None, [os.environ.get("PYTHONPATH")])])
         env.pop("GPUCOURSE_RESULT_FD", None)
         argv += ["--die-with-parent"] if local else []
+        argv += ["--public", str(public)] if public is not None else []
         self.wrapped = bool(private_network and shutil.which("bwrap"))
         if self.wrapped:
             argv = [shutil.which("bwrap"), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent",
@@ -829,17 +836,35 @@ def find_solutions(chapter: str) -> Path | None:
     return None
 
 
+def find_public_judge(chapter: str, near=()) -> tuple[Path, Path] | None:
+    """Where ``solutions/`` is absent: (the chapter's public cases file, the folder of its release
+    notebook), found next to the package's course, in the folders ``near`` (and their ``public/``)
+    or in the current folder's ``exercises/public`` — or ``None``."""
+    from .public import find_public, release_folder
+
+    public = find_public(chapter, near)
+    if public is None:
+        return None
+    folder = release_folder(public, chapter, also=[*near, Path.cwd()])
+    return None if folder is None else (public, folder)
+
+
 def _local_judge(chapter: str) -> JudgeProcess:
     judges = _state.setdefault("judges", {})
     judge = judges.get(chapter)
     if judge is None or judge.proc.poll() is not None:
-        solutions = find_solutions(chapter)
+        solutions, public = find_solutions(chapter), None
         if solutions is None:
-            raise CheckFailed(f"cannot check chapter {chapter} here: the course's answers "
-                              "(its solutions/ folder) are not on this machine, and the check needs them "
-                              "to compare with. Set GPUCOURSE_SOLUTIONS=/path/to/solutions, or hand the "
-                              "notebook in: the instructor's grader decides.")
-        judge = JudgeProcess(chapter, solutions, local=True)
+            found = find_public_judge(chapter, near=[Path.cwd()])
+            if found is None:
+                raise CheckFailed(f"cannot check chapter {chapter} here: neither the course's answers (its "
+                                  "solutions/ folder) nor its public cases (exercises/public/"
+                                  f"{chapter}_public_cases.json) are on this machine, and the check needs one "
+                                  "of them to compare with. Set GPUCOURSE_SOLUTIONS=/path/to/solutions, run "
+                                  "from the course's folder, or hand the notebook in: the instructor's grader "
+                                  "decides.")
+            public, solutions = found
+        judge = JudgeProcess(chapter, solutions, local=True, public=public)
         judges[chapter] = judge
     return judge
 
@@ -849,21 +874,46 @@ def _local_judge(chapter: str) -> JudgeProcess:
 HIDDEN_CHECKS_VARIABLE = "GPUCOURSE_HIDDEN_CHECKS"
 
 
+#: what a check prints where it was decided on the public cases (no ``solutions/`` here)
+PUBLIC_PASS = "on the public cases — your instructor's grader draws new ones"
+
+
 def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None:
     judge = _local_judge(exercise[:2])
-    _judge_one(judge, exercise, slot, run)
+    public = judge.hello.get("public")
+    if public and hidden and not any(s["slot"] == slot for s in judge.hello["slots"]):
+        print(f"{slot}: not checked here — only your instructor's grader, with the course's solutions, "
+              "runs it (this machine has the public cases of the visible checks)")
+        return
+    reply = _judge_one(judge, exercise, slot, run)
     also_hidden = not hidden and os.environ.get(HIDDEN_CHECKS_VARIABLE) == "1" and any(
         s["slot"] == f"{exercise}/hidden" for s in judge.hello["slots"])
     if also_hidden:
         _judge_one(judge, exercise, f"{exercise}/hidden", run)
+    if public:
+        counts = reply.get("public", {})
+        n, of = counts.get("cases", 0), counts.get("of", 0)
+        size = f"{n} fixed inputs here" + (f"; it draws about {of}" if of > n else "")
+        print(f"{exercise} passed ✓ {PUBLIC_PASS} and runs hidden checks too ({size})")
+        return
     print(f"{exercise}{' hidden' if hidden else ''} passed ✓" + (" (and its hidden check)" if also_hidden else ""))
 
 
-def _judge_one(judge: JudgeProcess, exercise: str, slot: str, run: Callable) -> None:
-    reply = judge.request({"op": "cases", "slot": slot, "seed": _state["seed"]})
+def _judge_one(judge: JudgeProcess, exercise: str, slot: str, run: Callable) -> dict:
+    """Run the slot's cases with ``run`` here, let the judge compare; its ``cases`` reply."""
+    public = judge.hello.get("public")
+    if public and _state["seed"] is not None and _state["seed"] != public["seed"]:
+        print(f"(gc.set_check_seed({_state['seed']}) has no effect here: without the course's solutions only "
+              f"the public cases, seed {public['seed']}, can be checked)")
+    seed = None if public else _state["seed"]
+    reply = judge.request({"op": "cases", "slot": slot, "seed": seed})
     cases = wire.loads(reply["cases"])
     with forbidden(reply.get("forbid", ()), exercise):
         nodes = run_cases(run, cases, reply["seeds"])
     verdict = judge.request({"op": "compare", "slot": slot, "seed": reply["seed"], "values": wire.pack(nodes)})
     if not verdict["passed"]:
-        raise CheckFailed(verdict["message"])
+        message = verdict["message"]
+        if public and "public case" not in message.splitlines()[0]:
+            message = f"{message}\n(checked on the public cases: your instructor's grader draws new ones)"
+        raise CheckFailed(message)
+    return reply

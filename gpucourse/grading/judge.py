@@ -24,6 +24,15 @@ graded with one seed computes each reference once. Values from a kernel are read
 :mod:`.wire` — data only — and must have the structure of the course's answer, case by case
 (:mod:`.structure`), before a check's compare sees them. Anything a cell prints goes to stderr;
 stdout carries only the replies.
+
+**Public mode** (``--public exercises/public/08_public_cases.json --solutions exercises/``): where the
+course's ``solutions/`` are absent (see :mod:`.public`). The judge loads the *release* notebook —
+only the cells the course wrote, by their content hashes (set-up, helpers, check cells; an answer
+cell is not run, the names it defines stand for nothing) — so its checks register the same
+``cases``/``compare``/``describe``; it answers for the visible checks that have public cases, takes
+their inputs and the course's values from the file instead of drawing and running anything, and
+only for the public seed. Everything else (structure first, the compare, the messages, which say
+"public case k of n") is the code above.
 """
 
 from __future__ import annotations
@@ -52,13 +61,26 @@ ANY_LENGTH: dict[str, frozenset] = {"08.5": frozenset({()})}
 class Judge:
     """One chapter's checks, as its solutions notebook defines them."""
 
-    def __init__(self, chapter: str, solutions: str | os.PathLike):
+    def __init__(self, chapter: str, solutions: str | os.PathLike, *, public: str | os.PathLike | None = None):
+        """``solutions``: the folder of the chapter's solutions notebook — or, with ``public`` (a public
+        cases file, :mod:`.public`), of its release notebook: public mode."""
         self.chapter = chapter
+        self.public = None
+        if public is not None:
+            from .public import load_public
+
+            self.public = load_public(public)
+            if self.public.chapter != chapter:
+                raise ValueError(f"{public} holds the public cases of chapter {self.public.chapter}, not {chapter}")
         paths = sorted(Path(solutions).glob(f"{chapter}_*.ipynb"))
+        if self.public is not None and (Path(solutions) / self.public.release).is_file():
+            paths = [Path(solutions) / self.public.release]
         if not paths:
-            raise FileNotFoundError(f"no solutions notebook for chapter {chapter} in {str(solutions)!r}")
+            what = "release" if self.public is not None else "solutions"
+            raise FileNotFoundError(f"no {what} notebook for chapter {chapter} in {str(solutions)!r}")
         self.path = paths[0]
         self.errors: list[str] = []
+        self.skipped: list[str] = []            # public mode: cells stopped by an answer they called
         self.cases_cache: dict = {}
         self.reference_cache: dict = {}
         self._load()
@@ -92,7 +114,10 @@ class Judge:
             harness.SPECS.clear()
 
     def _run_cells(self, shell, nb) -> None:
-        needed = set(definition_cells(nb, name=self.path.name))
+        if self.public is not None:
+            needed = self._course_cells(shell, nb)
+        else:
+            needed = set(definition_cells(nb, name=self.path.name))
         for index, cell in enumerate(nb.cells):
             if cell.cell_type != "code" or index not in needed:
                 continue
@@ -105,14 +130,53 @@ class Judge:
             if not result.success:
                 err = result.error_in_exec or result.error_before_exec
                 what = f"{type(err).__name__}: {err}"
-                if CHECK_TAG in tags or HIDDEN_TAG in tags:
+                if self.public is not None and isinstance(err, NotImplementedError) and str(err).endswith(STAND_IN):
+                    # a check cell that goes on to show the answer at work (a timing): expected here
+                    self.skipped.append(f"{self.path.name} cell {index} ({first}) stopped at an answer: {what}")
+                elif CHECK_TAG in tags or HIDDEN_TAG in tags:
                     self.errors.append(f"{self.path.name} cell {index} ({first}) failed: {what}")
                 else:
                     self.errors.append(f"{self.path.name} cell {index} failed: {what}")
 
+    def _course_cells(self, shell, nb) -> set[int]:
+        """Public mode: the release's cells the course wrote (their hashes are in the public file),
+        in order, as many times as the course has them. Any other code cell (an answer, stub or
+        filled in; a cell of the learner's) is not run: the top-level names it defines that nothing
+        defined yet stand for a function that raises (a check cell names the answer it checks)."""
+        from collections import Counter
+
+        from .exercises import check_hash
+
+        allowed = Counter(self.public.course_cells)
+        needed = set()
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            h = check_hash(cell.source)
+            if allowed[h] > 0:
+                allowed[h] -= 1
+                needed.add(index)
+                continue
+            for name in _defined_names(shell, cell.source):
+                self.namespace.setdefault(name, _stand_in(name))
+        # a check cell of the release that is not the course's (edited): its check is not used
+        for slot, public in self.public.slots.items():
+            if allowed[public.check_hash] > 0:
+                self.errors.append(f"{self.path.name}: the check cell of {slot} is not the course's (edited or "
+                                   "missing); restore it from the course's exercises/ to check it here")
+        return needed
+
     def slots(self) -> list[dict]:
+        specs = [s for s in self.specs.values() if self.public is None or s.slot in self.public.slots]
         return [{"slot": s.slot, "exercise": s.exercise, "kind": s.kind, "title": s.title,
-                 "forbid": list(s.forbid)} for s in self.specs.values()]
+                 "forbid": list(s.forbid)} for s in specs]
+
+    def describe_public(self) -> dict | None:
+        """For the hello reply: where the public cases come from (``None``: not public mode)."""
+        if self.public is None:
+            return None
+        return {"file": str(self.public.path), "seed": self.public.seed, "max_cases": self.public.max_cases,
+                "cases": {slot: [len(s.seeds), s.cases_total] for slot, s in self.public.slots.items()}}
 
     def plan(self, submitted: dict | None = None) -> dict:
         """The notebook runs a submission is graded in (see :mod:`.graded_build`)."""
@@ -128,6 +192,13 @@ class Judge:
 
     def _spec(self, slot: str) -> harness.Spec:
         spec = self.specs.get(slot)
+        if self.public is not None and slot not in self.public.slots:
+            kind = "hidden check" if slot.endswith("/hidden") else "check"
+            raise KeyError(f"no public cases for {kind} {slot!r} (only the instructor's grader, with the "
+                           "course's solutions, checks it)")
+        if spec is None and self.public is not None:
+            problem = next((e for e in self.errors + self.skipped if f" {slot} " in e), "its check cell did not run")
+            raise KeyError(f"{slot} cannot be checked on the public cases: {problem}")
         if spec is None:
             known = ", ".join(self.specs) or "none"
             raise KeyError(f"no check {slot!r} in {self.path.name} (its checks: {known})")
@@ -138,13 +209,22 @@ class Judge:
         on them, computed now (see :meth:`reference`)."""
         spec = self._spec(slot)
         if seed is None:
-            seed = random.SystemRandom().randrange(1 << 62)
+            seed = self.public.seed if self.public is not None else random.SystemRandom().randrange(1 << 62)
         text, seeds = self._draw(slot, seed)
         self.reference(slot, seed)
-        return {"slot": slot, "seed": seed, "cases": text, "seeds": seeds, "forbid": list(spec.forbid),
-                "title": spec.title}
+        reply = {"slot": slot, "seed": seed, "cases": text, "seeds": seeds, "forbid": list(spec.forbid),
+                 "title": spec.title}
+        if self.public is not None:
+            reply["public"] = {"cases": len(seeds), "of": self.public.slots[slot].cases_total}
+        return reply
 
     def _draw(self, slot: str, seed: int) -> tuple[str, list[int]]:
+        if self.public is not None:
+            if int(seed) != self.public.seed:
+                raise ValueError(f"without the course's solutions only the public cases can be checked "
+                                 f"(seed {self.public.seed}), not inputs drawn from seed {seed}")
+            public = self.public.slots[slot]
+            return public.cases, public.seeds
         key = (slot, seed)
         if key not in self.cases_cache:
             rng = harness.CaseRNG(harness.case_seed(seed, slot))
@@ -158,6 +238,10 @@ class Judge:
     def reference(self, slot: str, seed: int) -> str:
         """The course's values on the slot's inputs drawn from ``seed`` (wire text, cached)."""
         key = (slot, seed)
+        if self.public is not None:
+            self._spec(slot)
+            self._draw(slot, seed)
+            return self.public.slots[slot].reference
         if key not in self.reference_cache:
             spec = self._spec(slot)
             text, seeds = self._draw(slot, seed)
@@ -195,7 +279,7 @@ class Judge:
             return self._verdict(False, f"{name}: {len(gots)} values for {len(cases)} cases", spec, seed)
         any_length = ANY_LENGTH.get(spec.exercise, frozenset())
         for i, (case, got, want) in enumerate(zip(cases, gots, wants, strict=True)):
-            where = f"{name}, case {i + 1} of {len(cases)}"
+            where = f"{name}, {'public ' if self.public is not None else ''}case {i + 1} of {len(cases)}"
             if isinstance(want, wire.Raised) and spec.compare is not None and not isinstance(got, wire.Raised):
                 return self._verdict(False, f"{where} — {self._describe(spec, case)}: the course's own answer "
                                             f"raised {want} on this case (report this to the course)", spec, seed)
@@ -230,12 +314,46 @@ class Judge:
         except Exception as e:  # noqa: BLE001
             return f"(case could not be described: {type(e).__name__})"
 
-    @staticmethod
-    def _verdict(passed: bool, message: str, spec: harness.Spec, seed: int, *, hint: bool = True) -> dict:
+    def _verdict(self, passed: bool, message: str, spec: harness.Spec, seed: int, *, hint: bool = True) -> dict:
         if hint and spec.hint:
             message += f"\nhint: {spec.hint}"
-        message += f"\n(inputs drawn from seed {seed})"
+        if self.public is not None:
+            message += (f"\n(on the public cases: fixed inputs from seed {seed}, shipped with the exercises; "
+                        "your instructor's grader draws new ones and runs hidden checks too)")
+        else:
+            message += f"\n(inputs drawn from seed {seed})"
         return {"passed": passed, "message": message}
+
+
+def _defined_names(shell, source: str) -> list[str]:
+    """The names a cell binds at its top level (functions, classes, plain assignments)."""
+    import ast
+
+    try:
+        tree = ast.parse(shell.transform_cell(source))
+    except (SyntaxError, ValueError):
+        return []
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+#: how the error of an answer's stand-in ends (public mode)
+STAND_IN = "a public judge does not run answers"
+
+
+def _stand_in(name: str):
+    """What an answer's name stands for in a public judge, which never runs an answer."""
+    def stand_in(*args, **kwargs):
+        raise NotImplementedError(f"{name}: {STAND_IN}")
+
+    stand_in.__name__ = stand_in.__qualname__ = name
+    return stand_in
 
 
 def _die_with_parent() -> None:
@@ -250,7 +368,10 @@ def _die_with_parent() -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpucourse.grading.judge")
     p.add_argument("--chapter", required=True)
-    p.add_argument("--solutions", required=True)
+    p.add_argument("--solutions", required=True,
+                   help="the folder of the chapter's solutions notebook (of its release notebook with --public)")
+    p.add_argument("--public", default=None, metavar="FILE",
+                   help="public mode: the chapter's public cases (exercises/public/NN_public_cases.json)")
     p.add_argument("--die-with-parent", action="store_true")
     args = p.parse_args(argv)
     if args.die_with_parent:
@@ -260,7 +381,7 @@ def main(argv=None) -> int:
     sys.stdout = sys.stderr
     judge, failure = None, ""
     try:
-        judge = Judge(args.chapter, args.solutions)
+        judge = Judge(args.chapter, args.solutions, public=args.public)
     except Exception as e:  # noqa: BLE001 - reported on the first request
         failure = f"{type(e).__name__}: {e}"
         traceback.print_exc()
@@ -272,7 +393,7 @@ def main(argv=None) -> int:
                 reply = {"error": f"the judge could not load chapter {args.chapter}: {failure}"}
             elif op == "hello":
                 reply = {"chapter": judge.chapter, "slots": judge.slots(), "errors": judge.errors,
-                         "solutions": str(judge.path)}
+                         "solutions": str(judge.path), "public": judge.describe_public()}
             elif op == "cases":
                 reply = judge.cases(msg["slot"], msg.get("seed"))
             elif op == "plan":

@@ -11,6 +11,11 @@ will see); with ``bwrap`` installed the kernel runs in the same sandbox as ``gra
 not hide the others. Every check becomes a row: ✓, or ✗ with the first line of the judge's reason.
 An error in any other cell is reported too.
 Exit status: 0 when everything passes, 1 otherwise, 2 when a file is missing.
+
+Where the course's ``solutions/`` are absent (an instructor kept them), the judge is a *public*
+one (:mod:`.public`, :class:`PublicJudges`): the same checks, decided on the public cases shipped in
+``exercises/public/`` — fixed inputs and the course's values for them — and the report says so.
+The instructor's ``grade`` always draws new inputs with the course's solutions.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +35,8 @@ from pathlib import Path
 import nbformat
 
 from .engine import _current_env_kernel_manager, steady_client_class
-from .grade import Judges, Options, Submission, _answer_folders, course_release, grade_notebook
-from .restore import load_releases
+from .grade import Judges, Options, Submission, _answer_folders, choose_release, course_release, grade_notebook
+from .restore import NotANotebook, load_releases, parse_notebook
 from .sandbox import isolation
 
 __all__ = ["CheckResult", "run_notebook", "check_notebook", "format_results", "main", "check",
@@ -45,6 +51,69 @@ class CheckResult:
     title: str
     passed: bool
     error: str = ""   # first line of the error, "ExcType: message"
+    public: str = ""  # the public cases file it was judged on ("": the course's solutions)
+
+
+class PublicJudges(Judges):
+    """The judges of a self-check where ``solutions/`` is absent: per chapter, a public judge
+    (``judge --public FILE --solutions RELEASE``) that takes the inputs and the course's values
+    from the chapter's public cases file instead of running an answer. Everything else — the
+    retries, the compare timeout, plan and build — is :class:`.grade.Judges`'."""
+
+    def __init__(self, public: dict[str, tuple[Path, Path]], seed: int, *, private_network: bool = False):
+        """``public``: chapter → (its public cases file, the folder of its release notebook)."""
+        super().__init__(None, seed, private_network=private_network)
+        self.public = public
+
+    def get(self, chapter: str):
+        from .harness import JudgeProcess
+
+        with self._lock:
+            lock = self._chapter_locks.setdefault(chapter, threading.Lock())
+        with lock:
+            judge = self._judges.get(chapter)
+            if judge is None or judge.proc.poll() is not None:
+                if chapter not in self.public:
+                    raise FileNotFoundError(
+                        f"neither the course's solutions nor its public cases for chapter {chapter} were found "
+                        f"(exercises/public/{chapter}_public_cases.json next to the course's package, the "
+                        "notebook or its release): nothing to compare with (pass --solutions solutions/)")
+                if judge is not None:
+                    with judge.lock:
+                        judge.close()
+                    self._ready.pop(judge, None)
+                public, release = self.public[chapter]
+                judge = JudgeProcess(chapter, release, local=False, private_network=self.private_network,
+                                     public=public)
+                for error in judge.hello.get("errors", []):
+                    print(f"warning: {error}", file=sys.stderr)
+                self._judges[chapter] = judge
+            return judge
+
+
+def _public_judges(sub: Submission, releases: dict, solutions: str | None, private_network: bool
+                   ) -> PublicJudges | None:
+    """Public judges for ``sub``'s chapter when the course's solutions are not here (with none, when
+    its public cases are not here either: they say so), else ``None``."""
+    from .harness import find_public_judge, find_solutions
+    from .public import PUBLIC_SEED, load_public
+
+    if solutions is not None:
+        return None
+    try:
+        nb = parse_notebook(sub.data, sub.path.name)
+    except NotANotebook:
+        return None
+    release, why = choose_release(nb, sub.path.name, releases, None)
+    if release is None or why or find_solutions(release.chapter) is not None:
+        return None
+    found = find_public_judge(release.chapter, near=[release.path.parent, sub.path.resolve().parent])
+    try:
+        seed = load_public(found[0]).seed if found else PUBLIC_SEED
+    except (OSError, ValueError) as e:
+        print(f"warning: {e}", file=sys.stderr)
+        found, seed = None, PUBLIC_SEED
+    return PublicJudges({release.chapter: found} if found else {}, seed, private_network=private_network)
 
 
 def run_notebook(path: str | Path, *, cell_timeout: float = 300, allow_errors: bool = True):
@@ -178,8 +247,17 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
     options = Options(cell_timeout=cell_timeout, notebook_timeout=notebook_timeout)
     mode = isolation(True)
     options.hide = _answer_folders(solutions)
-    judges = Judges(solutions, random.SystemRandom().randrange(1 << 62) if seed is None else seed,
-                    private_network=mode == "bwrap")
+    judges = _public_judges(sub, releases, solutions, private_network=mode == "bwrap")
+    public = ""
+    if judges is not None and judges.public:
+        (public_file, _), = judges.public.values()
+        public = str(public_file)
+        if seed is not None and seed != judges.seed:
+            print(f"(--seed {seed} has no effect here: without the course's solutions only the public cases, "
+                  f"seed {judges.seed}, can be checked)", flush=True)
+    elif judges is None:
+        judges = Judges(solutions, random.SystemRandom().randrange(1 << 62) if seed is None else seed,
+                        private_network=mode == "bwrap")
     try:
         with tempfile.TemporaryDirectory(prefix="gpucourse-check-") as root:
             g = grade_notebook(sub, releases, judges=judges, hidden=False, options=options, mode=mode,
@@ -195,7 +273,7 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
             continue
         note = {"edited": " (check cell was edited — restored)",
                 "deleted": " (check cell was deleted — put back)"}.get(r.restored, "")
-        results.append(CheckResult(r.exercise, r.title + note, r.visible == "✓", r.error))
+        results.append(CheckResult(r.exercise, r.title + note, r.visible == "✓", r.error, public))
     for where, error in g.others:
         results.append(CheckResult(f"cell {where}", "(not a check cell)", False, error))
     if g.problem and all(r.passed for r in results):
@@ -223,8 +301,24 @@ def format_results(name: str, results: list[CheckResult]) -> str:
         detail = f" — {r.error}" if r.error else ""
         lines.append(f"  {r.label:<{width}}  {mark}  {r.title}{detail}")
     passed = sum(r.passed for r in results)
-    lines.append(f"  {passed} of {len(results)} checks pass")
+    public = next((r.public for r in results if r.public), "")
+    if public:
+        lines.append(f"  {passed} of {len(results)} checks pass on the public cases — your instructor's grader "
+                     "draws new ones and runs hidden checks too")
+        lines.append(f"  (no solutions/ here: each check was decided on the fixed inputs and the course's values "
+                     f"in {public}, at most {_max_cases(public)} per check)")
+    else:
+        lines.append(f"  {passed} of {len(results)} checks pass")
     return "\n".join(lines)
+
+
+def _max_cases(public: str) -> int:
+    from .public import MAX_CASES, load_public
+
+    try:
+        return load_public(public).max_cases
+    except (OSError, ValueError):
+        return MAX_CASES
 
 
 def main(paths: list[str], *, cell_timeout: float = 300, notebook_timeout: float = 1800,
