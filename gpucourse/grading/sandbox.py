@@ -309,7 +309,11 @@ def _parent_dirs(path: Path, mounted: list[str], made: set[str]) -> list[str]:
         text = str(parent)
         if text in ("/", *_FRESH) or text in made or any(text == m or text.startswith(m + "/") for m in mounted):
             continue
-        argv += (["--perms", "0755"] if "--perms" in bwrap_features() else []) + ["--dir", text]
+        # below the sandbox's fresh /tmp the folder is as /tmp is (1777: a process that computes a
+        # scratch folder from a TMPDIR below it may make one there); elsewhere only passable
+        fresh = any(text.startswith(f + "/") for f in _FRESH)
+        argv += (["--perms", "1777" if fresh else "0755"] if "--perms" in bwrap_features() else []) + [
+            "--dir", text]
         made.add(text)
     return argv
 

@@ -31,29 +31,29 @@ ROUTES_00 = {
     "thread_pool": ([], f"""
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(1) as pool:
-        return pool.submit({HELPER}, spec).result()[logical] if 0 <= logical else {{}}[logical]"""),
+        return right(pool.submit({HELPER}, spec).result(), logical)"""),
     "package_file_name": (["import gpucourse\n"
                            f'wrapped = eval(compile("lambda s: {HELPER}(s)", gpucourse.__file__, "eval"), '
                            "{'gc': gc})"], """
-    return wrapped(spec)[logical] if 0 <= logical else {}[logical]"""),
+    return right(wrapped(spec), logical)"""),
     "saved_original": ([], """
     import gpucourse.grading.harness as h
     original = next(v[0] for k, v in h._FORBIDDEN.items() if k.endswith('_devices'))
-    return original(spec)[logical] if 0 <= logical else {}[logical]"""),
+    return right(original(spec), logical)"""),
     "replaced_predicate": (["import gpucourse.grading.harness as h\n"
                             "h._called_by_the_course = lambda frame: True"], f"""
-    return {HELPER}(spec)[logical] if 0 <= logical else {{}}[logical]"""),
+    return right({HELPER}(spec), logical)"""),
     "reload": ([], """
     import importlib, gpucourse.runtime.devices as d
     importlib.reload(d)
-    return getattr(d, 'visible' + '_devices')(spec)[logical] if 0 <= logical else {}[logical]"""),
+    return right(getattr(d, 'visible' + '_devices')(spec), logical)"""),
     "function_clone": (["import types\n"
                         f"_f = {HELPER}\n"
                         "clone = types.FunctionType(_f.__code__, _f.__globals__, 'clone', _f.__defaults__, "
                         "_f.__closure__)"], """
-    return clone(spec)[logical] if 0 <= logical else {}[logical]"""),
+    return right(clone(spec), logical)"""),
     "fake_heading": (["## Exercise 00.3 — (not really)"], """
-    return gc.visible_devices(spec)[logical] if 0 <= logical else {}[logical]"""),
+    return right(gc.visible_devices(spec), logical)"""),
 }
 
 SUBCLASS_03 = """class MyBalancedDataParallel(getattr(gc, 'Balanced' + 'DataParallel')):
@@ -67,9 +67,17 @@ def _release(chapter: str):
     return nbformat.read(path, as_version=4), path.name
 
 
+#: the rest of a right answer, given the helper's {logical: physical} mapping (in a cell before it)
+RIGHT = """def right(ids, logical):
+    if not 0 <= logical < len(ids):
+        raise IndexError(logical)
+    return ids[logical]"""
+
+
 def _route_00(route: str):
     nb, name = _release("00")
     before, body = ROUTES_00[route]
+    before = [RIGHT, *before]
     at = next(i for i, c in enumerate(nb.cells) if c.source.startswith("def physical_gpu"))
     nb.cells[at].source = "def physical_gpu(spec, logical):" + body
     cells = [new_markdown_cell(s) if s.startswith("##") else new_code_cell(s) for s in before]
