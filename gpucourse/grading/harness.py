@@ -542,6 +542,7 @@ def check_exercise(exercise: str, run: Callable, cases: Callable, *, compare: Ca
         hint: shown after a failure: what to look at.
         describe: ``describe(case)`` names a case in messages (default: ``run(args…)``).
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython shows the learner's frames, not the harness's
     if not callable(run):
         raise TypeError(f"check_exercise({exercise!r}, run, cases): run must be callable, got {run!r}")
     mode = _mode()
@@ -564,6 +565,7 @@ def check_hidden(exercise: str, cases: Callable, *, compare: Callable | None = N
     The options default to the visible check's. In a graded run the grader inserts its own cell
     that runs these cases; the hidden check's source never reaches the learner's kernel.
     """
+    __tracebackhide__ = True  # noqa: F841 - IPython shows the learner's frames, not the harness's
     mode = _mode()
     slot = f"{exercise}/hidden"
     if mode == "judge":
@@ -878,7 +880,29 @@ HIDDEN_CHECKS_VARIABLE = "GPUCOURSE_HIDDEN_CHECKS"
 PUBLIC_PASS = "on the public cases — your instructor's grader draws new ones"
 
 
+def _show_failures_plainly() -> None:
+    """In IPython, a :class:`CheckFailed` shows as its message alone — the judge's verdict — not as a
+    traceback through the grading code (whose paths nbgrader would show students as feedback)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or getattr(shell, "_gpucourse_plain_failures", False):
+        return
+
+    def verdict(shell, etype, value, tb, tb_offset=None):
+        stb = shell.InteractiveTB.get_exception_only(etype, value)
+        shell._showtraceback(etype, value, stb)
+        return stb
+
+    shell.set_custom_exc((CheckFailed,), verdict)
+    shell._gpucourse_plain_failures = True
+
+
 def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None:
+    __tracebackhide__ = True  # noqa: F841 - IPython shows the learner's frames, not the harness's
+    _show_failures_plainly()
     judge = _local_judge(exercise[:2])
     public = judge.hello.get("public")
     if public and hidden and not any(s["slot"] == slot for s in judge.hello["slots"]):
@@ -901,6 +925,7 @@ def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None
 
 def _judge_one(judge: JudgeProcess, exercise: str, slot: str, run: Callable) -> dict:
     """Run the slot's cases with ``run`` here, let the judge compare; its ``cases`` reply."""
+    __tracebackhide__ = True  # noqa: F841 - IPython shows the learner's frames, not the harness's
     public = judge.hello.get("public")
     if public and _state["seed"] is not None and _state["seed"] != public["seed"]:
         print(f"(gc.set_check_seed({_state['seed']}) has no effect here: without the course's solutions only "

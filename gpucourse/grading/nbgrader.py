@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -134,6 +135,15 @@ def to_nbgrader(nb, *, name: str = "notebook"):
     return out
 
 
+def _public_cases(chapter: str) -> Path | None:
+    """The course's public cases file of ``chapter`` (next to the package), if there is one."""
+    from .harness import _PACKAGE_DIR
+    from .public import public_name
+
+    path = Path(_PACKAGE_DIR).parent / "exercises" / "public" / public_name(chapter)
+    return path if path.is_file() else None
+
+
 def export_nbgrader(dest: str | Path, *, solutions: str | Path | None = None, chapters: list[str] | None = None,
                     assignment: str | None = None, course_id: str = "gpucourse") -> list[Path]:
     """Write ``dest/source/<assignment>/NN_*.ipynb`` (and ``dest/nbgrader_config.py`` if missing).
@@ -171,6 +181,12 @@ def export_nbgrader(dest: str | Path, *, solutions: str | Path | None = None, ch
         path = folder / src.name
         nbformat.write(to_nbgrader(nbformat.read(src, as_version=4), name=src.name), path)
         written.append(path)
+        # the chapter's public cases travel with the assignment (nbgrader releases every file of the
+        # source folder): a student's check cell and `nbgrader validate` judge on them, no solutions/
+        public = _public_cases(src.name[:2])
+        if public is not None:
+            (folder / "public").mkdir(exist_ok=True)
+            shutil.copyfile(public, folder / "public" / public.name)
     config = dest / "nbgrader_config.py"
     if not config.exists():
         if given is None:

@@ -49,6 +49,10 @@ def test_export_one_assignment_per_chapter_and_a_config(tmp_path):
     some = export_nbgrader(tmp_path / "x", chapters=["03", "00"], assignment="week1")
     assert [p.relative_to(tmp_path / "x").as_posix() for p in some] == [
         "source/week1/00_setup_exercises.ipynb", "source/week1/03_balanced_data_parallel_exercises.ipynb"]
+    # each chapter's public cases travel with the assignment, byte for byte: students check on them
+    for chapter in ("00", "03"):
+        shipped = tmp_path / "x" / "source" / "week1" / "public" / f"{chapter}_public_cases.json"
+        assert shipped.read_bytes() == (ROOT / "exercises" / "public" / shipped.name).read_bytes()
     export_nbgrader(tmp_path, chapters=["00"])
     assert (tmp_path / "nbgrader_config.py").read_text() == "# mine\n"            # never overwritten
     with pytest.raises(ValueError, match="no chapter 42"):
