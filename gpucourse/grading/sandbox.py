@@ -382,6 +382,10 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
     env.pop("JPY_SESSION_NAME", None)
     env.pop("GPUCOURSE_SOLUTIONS", None)          # the kernel never learns where the answers are
     env.pop(_DROP_VARIABLE, None)
+    # scratch folders a torch of the grader's process chose (inductor writes its choice into the
+    # environment): the kernel picks its own, in its own /tmp
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        env.pop(name, None)
     # the kernel imports the very package this grader is (whatever an editable install points at)
     env["PYTHONPATH"] = str(_GRADING_DIR.parent.parent)
     read_fd, write_fd = os.pipe()
