@@ -880,29 +880,8 @@ HIDDEN_CHECKS_VARIABLE = "GPUCOURSE_HIDDEN_CHECKS"
 PUBLIC_PASS = "on the public cases — your instructor's grader draws new ones"
 
 
-def _show_failures_plainly() -> None:
-    """In IPython, a :class:`CheckFailed` shows as its message alone — the judge's verdict — not as a
-    traceback through the grading code (whose paths nbgrader would show students as feedback)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return
-    shell = get_ipython()
-    if shell is None or getattr(shell, "_gpucourse_plain_failures", False):
-        return
-
-    def verdict(shell, etype, value, tb, tb_offset=None):
-        stb = shell.InteractiveTB.get_exception_only(etype, value)
-        shell._showtraceback(etype, value, stb)
-        return stb
-
-    shell.set_custom_exc((CheckFailed,), verdict)
-    shell._gpucourse_plain_failures = True
-
-
 def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None:
     __tracebackhide__ = True  # noqa: F841 - IPython shows the learner's frames, not the harness's
-    _show_failures_plainly()
     judge = _local_judge(exercise[:2])
     public = judge.hello.get("public")
     if public and hidden and not any(s["slot"] == slot for s in judge.hello["slots"]):
