@@ -520,20 +520,27 @@ class Judges:
         with lock:
             judge = self._judges.get(chapter)
             if judge is None or judge.proc.poll() is not None:
-                folder = self.solutions or find_solutions(chapter)
-                if folder is None:
-                    raise FileNotFoundError(
-                        f"the course's solutions for chapter {chapter} were not found: the grader "
-                        "needs them to compute the expected values (pass --solutions solutions/)")
+                where = self._judge_source(chapter)         # raises FileNotFoundError, saying what is missing
                 if judge is not None:                  # ended: let go of its pipes (once no one reads them)
                     with judge.lock:
                         judge.close()
                     self._ready.pop(judge, None)
-                judge = JudgeProcess(chapter, folder, local=False, private_network=self.private_network)
+                judge = JudgeProcess(chapter, where["folder"], local=False, private_network=self.private_network,
+                                     public=where.get("public"))
                 for error in judge.hello.get("errors", []):
-                    print(f"warning: the course's solutions did not load cleanly: {error}", file=sys.stderr)
+                    print(f"warning: {where['warning']}{error}", file=sys.stderr)
                 self._judges[chapter] = judge
             return judge
+
+    def _judge_source(self, chapter: str) -> dict:
+        """What a judge of ``chapter`` loads: ``{"folder", "warning"}`` (+ ``"public"``, the public
+        cases file, for a public judge — see :class:`.selfcheck.PublicJudges`)."""
+        folder = self.solutions or find_solutions(chapter)
+        if folder is None:
+            raise FileNotFoundError(
+                f"the course's solutions for chapter {chapter} were not found: the grader "
+                "needs them to compute the expected values (pass --solutions solutions/)")
+        return {"folder": folder, "warning": "the course's solutions did not load cleanly: "}
 
     def _ask(self, chapter: str, message: dict, timeout: float) -> dict:
         """``message``'s reply from the chapter's judge; one that had already ended (another

@@ -39,7 +39,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["build", "plan_runs", "names_used", "strippable"]
+__all__ = ["build", "chapter_needs", "plan_for", "plan_runs", "reachable", "strippable"]
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 _NAME = re.compile(r"^gc\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
@@ -83,30 +83,6 @@ def plan_runs(forbids: dict[str, set[str]], needs: dict[str, set[str]]
         home.append(exercise)
     order = list(forbids)
     return [(tuple(sorted(strip)), sorted(members, key=order.index)) for strip, members in runs]
-
-
-def names_used(sources: list[str], candidates: set[str]) -> set[str]:
-    """Which of ``candidates`` (``"gc.X"``) the code in ``sources`` names (attribute, name or import).
-
-    Example::
-
-        >>> sorted(names_used(["y = gc.scatter(x)", "from gpucourse import gather"], {"gc.scatter",
-        ...        "gc.gather", "gc.MoE"}))
-        ['gc.gather', 'gc.scatter']
-    """
-    short = {c.split(".")[1]: c for c in candidates}
-    found: set[str] = set()
-    for src in sources:
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            name = (node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name)
-                    else node.name.split(".")[-1] if isinstance(node, ast.alias) else None)
-            if name in short:
-                found.add(short[name])
-    return found
 
 
 def _target(name: str) -> tuple[Path, list[str]]:

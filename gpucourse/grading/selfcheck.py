@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,30 +64,14 @@ class PublicJudges(Judges):
         super().__init__(None, seed, private_network=private_network)
         self.public = public
 
-    def get(self, chapter: str):
-        from .harness import JudgeProcess
-
-        with self._lock:
-            lock = self._chapter_locks.setdefault(chapter, threading.Lock())
-        with lock:
-            judge = self._judges.get(chapter)
-            if judge is None or judge.proc.poll() is not None:
-                if chapter not in self.public:
-                    raise FileNotFoundError(
-                        f"neither the course's solutions nor its public cases for chapter {chapter} were found "
-                        f"(exercises/public/{chapter}_public_cases.json next to the course's package, the "
-                        "notebook or its release): nothing to compare with (pass --solutions solutions/)")
-                if judge is not None:
-                    with judge.lock:
-                        judge.close()
-                    self._ready.pop(judge, None)
-                public, release = self.public[chapter]
-                judge = JudgeProcess(chapter, release, local=False, private_network=self.private_network,
-                                     public=public)
-                for error in judge.hello.get("errors", []):
-                    print(f"warning: {error}", file=sys.stderr)
-                self._judges[chapter] = judge
-            return judge
+    def _judge_source(self, chapter: str) -> dict:
+        if chapter not in self.public:
+            raise FileNotFoundError(
+                f"neither the course's solutions nor its public cases for chapter {chapter} were found "
+                f"(exercises/public/{chapter}_public_cases.json next to the course's package, the "
+                "notebook or its release): nothing to compare with (pass --solutions solutions/)")
+        public, release = self.public[chapter]
+        return {"folder": release, "public": public, "warning": ""}
 
 
 def _public_judges(sub: Submission, releases: dict, solutions: str | None, private_network: bool
