@@ -7,6 +7,7 @@
 #   make site       the course as a website in _build/site/ (lessons with their stored outputs, API)
 #   make serve-site read it: serves _build/site/ on http://127.0.0.1:8000/
 #   make check NB=exercises/04_…ipynb        self-check one exercises notebook in a fresh kernel
+#                                            (CHECK_ARGS=--hidden: the hidden checks too, where solutions/ is)
 #   make grade SUBMISSIONS=subs/             grade a class (GRADE_ARGS="--hidden --csv grades.csv")
 #
 # Only python3 (>= 3.11) with pip and venv is needed; exact versions come from constraints.txt.
@@ -135,8 +136,8 @@ doctor: $(STAMP)
 
 # the learner's self-check: make check NB=exercises/02_data_parallel_exercises.ipynb
 check: $(STAMP)
-	@test -n "$(NB)" || { echo "usage: make check NB=exercises/NN_<topic>_exercises.ipynb"; exit 2; }
-	$(PY) -m gpucourse check $(NB)
+	@test -n "$(NB)" || { echo "usage: make check NB=exercises/NN_<topic>_exercises.ipynb [CHECK_ARGS=--hidden]"; exit 2; }
+	$(PY) -m gpucourse check $(CHECK_ARGS) $(NB)
 
 # the instructor's gradebook: make grade SUBMISSIONS=subs/ GRADE_ARGS="--hidden --csv grades.csv"
 # (2 workers and grades.json by default; anything in GRADE_ARGS wins)

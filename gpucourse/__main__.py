@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the course's solutions folder the judge computes expected values from "
                         "(default: the course's own solutions/)")
     p.add_argument("--seed", type=int, default=None, help="draw the checks' inputs from this seed")
+    p.add_argument("--hidden", action="store_true",
+                   help="run each exercise's hidden checks too, as grade --hidden does (needs the course's "
+                        "solutions/, where the hidden checks live)")
 
     p = sub.add_parser("grade", help="grade a class: checks restored from the release, each notebook "
                                      "sandboxed, gradebook out")
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_main(args.notebooks, cell_timeout=args.cell_timeout,
                           notebook_timeout=args.notebook_timeout, release=args.release,
-                          solutions=args.solutions, seed=args.seed)
+                          solutions=args.solutions, seed=args.seed, hidden=args.hidden)
     if args.command == "grade":
         from .grading.grade import Options, grade
         from .grading.sandbox import Limits

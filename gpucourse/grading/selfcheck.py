@@ -51,6 +51,8 @@ class CheckResult:
     passed: bool
     error: str = ""   # first line of the error, "ExcType: message"
     public: str = ""  # the public cases file it was judged on ("": the course's solutions)
+    hidden: str = ""  # the hidden checks' verdict with --hidden ("✓" / "✗"), else ""
+    visible: bool | None = None   # the visible check alone (with --hidden; else ``passed``)
 
 
 class PublicJudges(Judges):
@@ -218,10 +220,17 @@ def _find_releases(path: Path, release: str | None):
     return {}
 
 
+class NoAnswerKey(RuntimeError):
+    """``check --hidden`` where the course's ``solutions/`` (and so the hidden checks) is absent."""
+
+
 def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_timeout: float = 1800,
                    release: str | None = None, solutions: str | None = None,
-                   seed: int | None = None) -> list[CheckResult]:
-    """Run ``path`` and return one :class:`CheckResult` per check cell (and per other failing cell)."""
+                   seed: int | None = None, hidden: bool = False) -> list[CheckResult]:
+    """Run ``path`` and return one :class:`CheckResult` per check cell (and per other failing cell).
+
+    ``hidden``: run each exercise's hidden checks too, as ``grade --hidden`` does (they live in the
+    course's ``solutions/``: without it, :class:`NoAnswerKey`)."""
     import random
 
     path = Path(path)
@@ -232,6 +241,10 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
     options.hide = _answer_folders(solutions)
     judges = _public_judges(sub, releases, solutions, private_network=mode == "bwrap")
     public = ""
+    if hidden and judges is not None:
+        judges.close()
+        raise NoAnswerKey("--hidden needs the course's solutions/ (the hidden checks live there), and there is "
+                          "none here: your instructor keeps it; this check decides on the public cases only")
     if judges is not None and judges.public:
         (public_file, _), = judges.public.values()
         public = str(public_file)
@@ -243,7 +256,7 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
                         private_network=mode == "bwrap")
     try:
         with tempfile.TemporaryDirectory(prefix="gpucourse-check-") as root:
-            g = grade_notebook(sub, releases, judges=judges, hidden=False, options=options, mode=mode,
+            g = grade_notebook(sub, releases, judges=judges, hidden=hidden, options=options, mode=mode,
                                work_root=Path(root))
     finally:
         judges.close()
@@ -256,7 +269,8 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
             continue
         note = {"edited": " (check cell was edited — restored)",
                 "deleted": " (check cell was deleted — put back)"}.get(r.restored, "")
-        results.append(CheckResult(r.exercise, r.title + note, r.visible == "✓", r.error, public))
+        results.append(CheckResult(r.exercise, r.title + note, r.visible == "✓" and r.hidden != "✗", r.error,
+                                   public, r.hidden, r.visible == "✓"))
     for where, error in g.others:
         results.append(CheckResult(f"cell {where}", "(not a check cell)", False, error))
     if g.problem and all(r.passed for r in results):
@@ -265,7 +279,7 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
 
 
 def format_results(name: str, results: list[CheckResult]) -> str:
-    """The table printed for one notebook.
+    """The table printed for one notebook; its last line says what was decided on.
 
     Example::
 
@@ -275,14 +289,24 @@ def format_results(name: str, results: list[CheckResult]) -> str:
         00_setup_exercises.ipynb
           00.1  ✓  sum over ranks
           00.2  ✗  mean of ranks — NotImplementedError: Exercise 00.2
-          1 of 2 checks pass
+          1 of 2 checks pass — the visible checks on fresh inputs; your instructor's grader also runs hidden checks (check --hidden runs them here)
+        >>> print(format_results("00_setup_exercises.ipynb", [
+        ...     CheckResult("00.1", "sum over ranks", True, hidden="✓"),
+        ...     CheckResult("00.2", "mean of ranks", False, "hidden check of 00.2, case 3 of 40 — …", hidden="✗",
+        ...                 visible=True)]))
+        00_setup_exercises.ipynb
+          00.1  ✓  hidden ✓  sum over ranks
+          00.2  ✓  hidden ✗  mean of ranks — hidden check of 00.2, case 3 of 40 — …
+          1 of 2 exercises pass their visible and hidden checks (as grade --hidden decides)
     """
     width = max(len(r.label) for r in results)
+    with_hidden = any(r.hidden for r in results)
     lines = [name]
     for r in results:
-        mark = "✓" if r.passed else "✗"
+        visible = "✓" if (r.passed if r.visible is None else r.visible) else "✗"
+        hidden = f"  hidden {r.hidden or '·'}" if with_hidden else ""
         detail = f" — {r.error}" if r.error else ""
-        lines.append(f"  {r.label:<{width}}  {mark}  {r.title}{detail}")
+        lines.append(f"  {r.label:<{width}}  {visible}{hidden}  {r.title}{detail}")
     passed = sum(r.passed for r in results)
     public = next((r.public for r in results if r.public), "")
     if public:
@@ -290,8 +314,12 @@ def format_results(name: str, results: list[CheckResult]) -> str:
                      "draws new ones and runs hidden checks too")
         lines.append(f"  (no solutions/ here: each check was decided on the fixed inputs and the course's values "
                      f"in {public}, at most {_max_cases(public)} per check)")
+    elif with_hidden:
+        lines.append(f"  {passed} of {len(results)} exercises pass their visible and hidden checks "
+                     "(as grade --hidden decides)")
     else:
-        lines.append(f"  {passed} of {len(results)} checks pass")
+        lines.append(f"  {passed} of {len(results)} checks pass — the visible checks on fresh inputs; your "
+                     "instructor's grader also runs hidden checks (check --hidden runs them here)")
     return "\n".join(lines)
 
 
@@ -305,8 +333,10 @@ def _max_cases(public: str) -> int:
 
 
 def main(paths: list[str], *, cell_timeout: float = 300, notebook_timeout: float = 1800,
-         release: str | None = None, solutions: str | None = None, seed: int | None = None) -> int:
-    """Check each notebook (folders are searched for ``*.ipynb``); 0 if all pass, else 1."""
+         release: str | None = None, solutions: str | None = None, seed: int | None = None,
+         hidden: bool = False) -> int:
+    """Check each notebook (folders are searched for ``*.ipynb``); 0 if all pass, 1 if not, 2 when it
+    cannot (no such file; ``hidden`` without the course's solutions)."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -325,8 +355,12 @@ def main(paths: list[str], *, cell_timeout: float = 300, notebook_timeout: float
     all_ok = True
     summary = []
     for f in files:
-        results = check_notebook(f, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
-                                 release=release, solutions=solutions, seed=seed)
+        try:
+            results = check_notebook(f, cell_timeout=cell_timeout, notebook_timeout=notebook_timeout,
+                                     release=release, solutions=solutions, seed=seed, hidden=hidden)
+        except NoAnswerKey as e:
+            print(f"gpucourse check {f}: {e}", file=sys.stderr)
+            return 2
         print(format_results(str(f), results), flush=True)
         ok = all(r.passed for r in results)
         all_ok &= ok
@@ -375,11 +409,12 @@ def _in_a_graded_run() -> bool:
     return _state.get("mode") in ("graded", "judge")
 
 
-def check(path: str | os.PathLike, *, cell_timeout: float = 300) -> Verdict | None:
+def check(path: str | os.PathLike, *, cell_timeout: float = 300, hidden: bool = False) -> Verdict | None:
     """Check a saved notebook in a fresh kernel, from a notebook cell or a script; print the table.
 
     Runs ``python -m gpucourse check PATH`` with this interpreter (the course's ``.venv``), so it
-    works without an activated environment. Returns True when every check passes.
+    works without an activated environment. Returns True when every check passes. ``hidden=True``:
+    the hidden checks too, as the instructor's ``grade --hidden`` (only where ``solutions/`` is).
     """
     if _in_a_graded_run():
         print("(gc.check … is skipped here: this notebook is being checked right now)")
@@ -390,7 +425,7 @@ def check(path: str | os.PathLike, *, cell_timeout: float = 300) -> Verdict | No
                                 "notebook, e.g. gc.check('exercises/04_distributed_data_parallel_exercises.ipynb')")
     print(f"checking {path} in a fresh kernel (the saved file: save with Ctrl+S first)…", flush=True)
     proc = subprocess.run([sys.executable, "-m", "gpucourse", "check", "--cell-timeout", str(cell_timeout),
-                           str(path)], capture_output=True, text=True)
+                           *(["--hidden"] if hidden else []), str(path)], capture_output=True, text=True)
     print(proc.stdout.rstrip())
     if proc.returncode not in (0, 1):
         print(proc.stderr.rstrip(), file=sys.stderr)
@@ -420,11 +455,11 @@ def _this_notebook() -> Path:
                        "gc.check('exercises/NN_…_exercises.ipynb')")
 
 
-def check_this_notebook(*, cell_timeout: float = 300) -> Verdict | None:
+def check_this_notebook(*, cell_timeout: float = 300, hidden: bool = False) -> Verdict | None:
     """Check the notebook this cell belongs to (its saved copy) in a fresh kernel; print the table.
 
     A cell calling it may stay in the notebook: when the notebook itself is being checked or graded,
     the call only says so (it is not graded as a cell of the notebook)."""
     if _in_a_graded_run():
         return check("", cell_timeout=cell_timeout)
-    return check(_this_notebook(), cell_timeout=cell_timeout)
+    return check(_this_notebook(), cell_timeout=cell_timeout, hidden=hidden)

@@ -137,3 +137,32 @@ def test_same_seed_same_inputs(course):
     again = _check(course, path, args=["--seed", "5"])
     line = next(l for l in first.stdout.splitlines() if "98.1" in l)
     assert line == next(l for l in again.stdout.splitlines() if "98.1" in l)
+
+
+def test_check_says_it_ran_the_visible_checks_and_check_hidden_runs_the_hidden_ones(course):
+    """A chapter-05 notebook with wrong answers got "6 of 6 checks pass" from `check` and 2/6 from
+    `grade --hidden` (issue 38): `check` says what it decided on, and `check --hidden` decides as
+    `grade --hidden` does."""
+    sub = _submission(course, "return x * x if abs(x) < 1000 else 0")     # right on the visible inputs only
+    r = _check(course, sub)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 of 2 checks pass — the visible checks on fresh inputs" in r.stdout
+    assert "check --hidden" in r.stdout
+    r = _check(course, sub, args=["--hidden"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = next(l for l in r.stdout.splitlines() if "98.1" in l)
+    assert "✓  hidden ✗" in line and "hidden check of 98.1" in line, line
+    assert "98.2  ✓  hidden ✓" in r.stdout
+    assert "1 of 2 exercises pass their visible and hidden checks" in r.stdout
+
+
+def test_check_hidden_without_the_answer_key_says_why(course, tmp_path):
+    import shutil
+
+    sub = _submission(course, "return x * x")
+    shutil.rmtree(course / "solutions")                    # a class: the instructor kept solutions/
+    r = subprocess.run([sys.executable, "-m", "gpucourse", "check", "--hidden", "--release",
+                        str(course / "exercises"), str(sub)], capture_output=True, text=True, timeout=240,
+                       cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--hidden needs the course's solutions/" in r.stderr
