@@ -99,3 +99,19 @@ def test_the_server_gets_make_labs_default_url_and_settings():
     assert args["default_url"] == "/lab/tree/notebooks/00_setup.ipynb"
     assert args["app_settings_dir"].endswith("LAB_SETTINGS)")
     assert (ROOT / "lab" / "settings" / "overrides.json").is_file()
+
+
+def test_the_course_lab_settings_disable_nbgrader_instructor_tools():
+    """The lab `make lab` (and the browser tests) start reads lab/settings: nbgrader's lab extension —
+    its Nbgrader menu, Create Assignment panel and Validate button — is disabled there, while the
+    nbgrader command line (the export's round trip in make test) stays installed (issue 39)."""
+    import sys
+    from pathlib import Path
+
+    from jupyterlab_server.config import get_page_config
+
+    assert make_lab_args()["app_settings_dir"] == "$(LAB_SETTINGS)"
+    assert "LAB_SETTINGS := $(CURDIR)/lab/settings" in (ROOT / "Makefile").read_text()
+    config = get_page_config([], app_settings_dir=str(ROOT / "lab" / "settings"))
+    assert "@jupyter/nbgrader" in config["disabledExtensions"], config["disabledExtensions"]
+    assert (Path(sys.executable).parent / "nbgrader").exists()

@@ -84,3 +84,19 @@ def test_check_this_notebook_prints_its_table(exercises_page):
     summary = re.search(r"(\d+) of (\d+) checks pass", out)
     assert summary and int(summary[2]) >= len(exercises), out
     assert int(summary[1]) >= len(solved), out
+
+
+def test_the_learners_lab_shows_no_nbgrader_instructor_tools(exercises_page):
+    """nbgrader comes with the test extra into the one .venv; the course's lab settings
+    (lab/settings/page_config.json) keep its instructor tools out of the learner's lab (issue 39)."""
+    nbp, _ = exercises_page
+    page = nbp.page
+    menus = " ".join(page.locator(".lm-MenuBar-itemLabel").all_text_contents())
+    assert "File" in menus and "Kernel" in menus, menus            # the menu bar was read
+    assert "Nbgrader" not in menus, menus
+    tabs = " ".join(page.locator(".lm-TabBar-tab").evaluate_all(
+        "els => els.map(e => (e.getAttribute('title') || '') + ' ' + (e.getAttribute('data-id') || ''))"))
+    assert "nbgrader" not in tabs.lower() and "Create Assignment" not in tabs, tabs
+    toolbar = " ".join(nbp.panel.locator(".jp-Toolbar-item").evaluate_all(
+        "els => els.map(e => e.textContent + ' ' + (e.getAttribute('title') || ''))"))
+    assert "Validate" not in toolbar, toolbar
