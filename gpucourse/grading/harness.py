@@ -880,8 +880,49 @@ HIDDEN_CHECKS_VARIABLE = "GPUCOURSE_HIDDEN_CHECKS"
 PUBLIC_PASS = "on the public cases — your instructor's grader draws new ones"
 
 
+def _without_hidden_frames(tb):
+    """``tb`` without the frames that set ``__tracebackhide__ = True`` (the harness's): a new chain
+    of the learner's frames only, so the innermost frame shown is the learner's cell, not ours."""
+    import types
+
+    kept = []
+    while tb is not None:
+        if tb.tb_frame.f_locals.get("__tracebackhide__") is not True:
+            kept.append(tb)
+        tb = tb.tb_next
+    new = None
+    for entry in reversed(kept):
+        new = types.TracebackType(new, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return new
+
+
+def _show_failures_plainly() -> None:
+    """In IPython, a :class:`CheckFailed` shows as the learner's cell and the judge's verdict — the
+    traceback IPython would show with the harness's frames left out, the innermost one included
+    (IPython always shows the innermost frame, hidden or not): no path of the grading code, which
+    nbgrader would show students as feedback (issue 39). Still an error output (nbgrader and
+    JupyterLab see a failed cell)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or getattr(shell, "_gpucourse_plain_failures", False):
+        return
+
+    def verdict(shell, etype, value, tb, tb_offset=None):
+        mine = _without_hidden_frames(tb)
+        stb = shell.InteractiveTB.structured_traceback(etype, value, mine, tb_offset=tb_offset)
+        shell._showtraceback(etype, value, stb)
+        return None            # shown already: IPython's CustomTB prints nothing more
+
+    shell.set_custom_exc((CheckFailed,), verdict)
+    shell._gpucourse_plain_failures = True
+
+
 def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None:
     __tracebackhide__ = True  # noqa: F841 - IPython shows the learner's frames, not the harness's
+    _show_failures_plainly()
     judge = _local_judge(exercise[:2])
     public = judge.hello.get("public")
     if public and hidden and not any(s["slot"] == slot for s in judge.hello["slots"]):

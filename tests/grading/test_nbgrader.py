@@ -187,6 +187,8 @@ def test_nbgrader_and_grade_give_the_same_points_exercise_by_exercise(tmp_path):
     assert "not recognized" not in r.stdout + r.stderr, r.stderr[-3000:]
     feedback = "".join(p.read_text() for p in (course / "feedback").rglob("*.html"))
     assert "check_hidden" not in feedback and "BEGIN HIDDEN TESTS" not in feedback
+    # a failed check shows the judge's message under the student's cell, not the grading machine's paths
+    assert "CheckFailed" in feedback and "harness.py" not in feedback and "site-packages" not in feedback
     from nbgrader.api import Gradebook
 
     theirs = {}
