@@ -45,6 +45,34 @@ from .collectives import _all_gather_flat, _reduce_scatter_flat, _same_on_every_
 
 __all__ = ["FullyShardedModule"]
 
+#: set on every parameter a :class:`FullyShardedModule` took out of its layer (its new home is a shard)
+_SHARDED_AWAY = "_gpucourse_sharded_away"
+_hook_installed = False
+
+
+def _refuse_optimizer_of_the_unwrapped_model(optimizer, args, kwargs) -> None:
+    """A global optimizer step pre-hook: an optimizer built from the model's parameters *before*
+    :class:`FullyShardedModule` wrapped it holds tensors no layer uses any more — their ``.grad``
+    stays None and ``step()`` trains nothing, silently. Refuse, saying the fix."""
+    names = [getattr(p, _SHARDED_AWAY) for group in optimizer.param_groups for p in group["params"]
+             if getattr(p, _SHARDED_AWAY, None) is not None]
+    if names:
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise RuntimeError(
+            f"{type(optimizer).__name__} holds parameters that gc.FullyShardedModule took out of the model "
+            f"({shown}): it was built before the model was wrapped, so it would train nothing. Build the "
+            f"optimizer after wrapping, from the wrapped model: sharded = gc.FullyShardedModule(model); "
+            f"opt = torch.optim.AdamW(sharded.parameters(), ...)")
+
+
+def _install_hook() -> None:
+    global _hook_installed
+    if not _hook_installed:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(_refuse_optimizer_of_the_unwrapped_model)
+        _hook_installed = True
+
 
 class _Unit:
     """One unit's parameters (``params``: ``[(name relative to module, parameter), …]``, all
@@ -79,6 +107,8 @@ class _Unit:
         for owner, leaf in (o for owners in self.owners for o in owners):
             del owner._parameters[leaf]     # the layer keeps no parameters of its own any more
             setattr(owner, leaf, None)
+        for n, p in params:                 # marked (not kept: no reference to the full tensors)
+            setattr(p, _SHARDED_AWAY, f"{path}.{n}" if path else n)
 
     def gather(self, *, keep: bool = True) -> torch.Tensor:
         """All-gather the full flat buffer in the compute dtype (no autograd): ``(N·S,)``.
@@ -369,6 +399,7 @@ class FullyShardedModule(nn.Module):
                        for part in ([(n, p) for n, p in params if p.requires_grad],
                                     [(n, p) for n, p in params if not p.requires_grad]) if part]
         self.shards = nn.ParameterList([u.shard for u in self._units])   # what parameters() yields
+        _install_hook()     # an optimizer built before this wrap holds the parameters taken out: refused
         self._gathered: dict[int, _Unit] = {}       # storage pointer of a gathered buffer -> its unit
         # the units gathered for the whole forward (FSDP's root unit), the others around their layer
         self._outer = [u for u in self._units if u.path in set(keep_gathered)]

@@ -140,3 +140,29 @@ def test_mixed_dtype_parameters_and_bad_param_dtype_are_refused():
     for bad in ("bf16", torch.int8, 16):
         with pytest.raises(TypeError, match="param_dtype"):
             gc.FullyShardedModule(nn.Linear(3, 3), param_dtype=bad)
+
+
+def _optimizer_before_the_wrap(rank, world_size, before):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1) if before else None
+    sharded = gc.FullyShardedModule(model)
+    opt = opt or torch.optim.AdamW(sharded.parameters(), lr=0.1)
+    start = [p.detach().clone() for p in sharded.parameters()]
+    sharded(torch.randn(3, 4, generator=torch.Generator().manual_seed(rank))).pow(2).sum().backward()
+    try:
+        opt.step()
+    except RuntimeError as e:
+        return str(e)
+    return all(not torch.equal(a, p) for a, p in zip(start, sharded.parameters()))
+
+
+def test_an_optimizer_built_before_the_wrap_is_refused_not_silently_idle():
+    """Lesson 08 §11 (issue 38): an optimizer built from the model before gc.FullyShardedModule wrapped
+    it trained nothing, silently (loss flat, parameters unchanged). Its step now raises, saying the fix;
+    the right order still trains."""
+    before = gc.launch(_optimizer_before_the_wrap, 2, args=(True,), timeout=60)
+    for message in before:
+        assert "built before the model was wrapped" in message and "0.weight" in message, message
+        assert "sharded.parameters()" in message, message
+    assert gc.launch(_optimizer_before_the_wrap, 2, args=(False,), timeout=60) == [True, True]
