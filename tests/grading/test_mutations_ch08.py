@@ -296,7 +296,7 @@ return result
 """,
     },
     "08.4": {
-        "SGD with momentum written by hand (the visible check's optimizer), no optimizer.step()": _ZERO1.format(body="""\
+        "SGD + momentum by hand (the visible optimizer), no optimizer.step()": _ZERO1.format(body="""\
 grad = torch.empty_like(shard)
 dist.reduce_scatter_single(grad, flat_grad.contiguous())
 grad /= world_size
