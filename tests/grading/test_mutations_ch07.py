@@ -1,10 +1,11 @@
 """Chapter 07: plausible wrong answers its checks must reject (see ``_mutations.py``).
 
-Ported from the old tables: ``test_hidden_checks.WRONG_ANSWERS`` 07.1 (integer binary search, still
-hidden-only), 07.2 (labels sorted as text, hidden-only), 07.3 (never zeroes, hidden-only), 07.4 (index
-of B0, hidden-only), 07.5 (hard-coded width 12, hidden-only), 07.6 (``/ chunks``: now caught by the
-visible check, which has unequal micro-batches); ``test_visible_checks.VISIBLE_WRONG`` 07.5 (one big
-message) and 07.6 (unweighted micro-batch means).
+Every edge idea the exercises name is in the visible checks (issue 38): fractional costs, no layers
+and one layer per stage (07.1), two-digit labels (07.2), stale gradients, one micro-batch and one row
+per micro-batch (07.3), any valid order and ``[]`` (07.4), one micro-batch and a batch of one (07.5,
+07.6). Their wrong answers (integer binary search, labels sorted as text, never zeroes, index of B0)
+moved from HIDDEN to VISIBLE; the hidden checks add only sizes and randomness: costs to the
+microsecond, longer grids, deeper models, longer orders, other hidden widths.
 """
 
 from _mutations import chapter_tests
@@ -18,6 +19,30 @@ if num_stages > n:
 
 VISIBLE = {
     "07.1": {
+        "greedy with an integer binary search (fails on fractional costs)": """\
+n = len(costs)
+if num_stages > n:
+    raise ValueError(f"cannot cut {n} layers into {num_stages} stages")
+
+def split_at(limit):                            # greedy cuts: no stage above limit, none empty
+    sizes, start, current = [], 0, 0
+    for i, c in enumerate(costs):
+        if i > start and (current + c > limit or n - i < num_stages - len(sizes)):
+            sizes.append(i - start)
+            start, current = i, 0
+        current += c
+    return sizes + [n - start]
+
+lo, hi = max(costs), sum(costs)                 # binary search on an integer limit
+while lo < hi:
+    mid = (lo + hi) // 2
+    lo, hi = (lo, mid) if len(split_at(mid)) <= num_stages else (mid + 1, hi)
+sizes = split_at(lo)
+while len(sizes) < num_stages:                  # split the largest stage until there are enough
+    i = max(range(len(sizes)), key=lambda j: sizes[j])
+    sizes[i:i + 1] = [1, sizes[i] - 1]
+return sizes
+""",
         "by layer count, ignoring the costs": _SPLIT_07_1.format(body="""\
 q, r = divmod(n, num_stages)
 return [q + (1 if s < r else 0) for s in range(num_stages)]"""),
@@ -52,6 +77,17 @@ return best_sizes
 """,
     },
     "07.2": {
+        "labels sorted as text (B10 before B2)": """\
+slots = 2 * (m + p - 1)
+grid = [["."] * slots for _ in range(p)]
+backwards = sorted(f"B{i}" for i in range(m))   # sorts as text: B10 before B2
+for s in range(p):
+    for i in range(m):
+        grid[s][i + s] = f"F{i}"
+    for k, label in enumerate(backwards):
+        grid[s][(m + p - 1) + (p - 1 - s) + k] = label
+return grid
+""",
         "forwards not shifted by the stage": """\
 slots = 2 * (m + p - 1)
 grid = [["."] * slots for _ in range(p)]
@@ -90,6 +126,12 @@ return grid
 """,
     },
     "07.3": {
+        "never zeroes: adds to stale gradients": """\
+for xb, yb in zip(torch.tensor_split(x, chunks), torch.tensor_split(y, chunks)):
+    loss = F.cross_entropy(model(xb), yb) * (len(xb) / len(x))
+    loss.backward()                             # never zeroes: adds to what was there
+return [p.grad for p in model.parameters()]
+""",
         "divides by chunks (right only for equal micro-batches)": """\
 model.zero_grad(set_to_none=True)
 for xb, yb in zip(torch.tensor_split(x, chunks), torch.tensor_split(y, chunks)):
@@ -115,6 +157,11 @@ return [p.grad for p in model.parameters()]
 """,
     },
     "07.4": {
+        "peak = forwards before the first backward": [None, """\
+if "B0" not in ops:
+    return len(ops)
+return ops.index("B0")                          # forwards before the first backward
+"""],
         "warm-up one forward too long": ["""\
 w = min(p - stage, m)
 ops = [f"F{i}" for i in range(w)]
@@ -277,57 +324,42 @@ return sum(loss.detach() for loss in losses)
 
 HIDDEN = {
     "07.1": {
-        "greedy with an integer binary search (fails on fractional costs)": """\
-n = len(costs)
-if num_stages > n:
-    raise ValueError(f"cannot cut {n} layers into {num_stages} stages")
-
-def split_at(limit):                            # greedy cuts: no stage above limit, none empty
-    sizes, start, current = [], 0, 0
-    for i, c in enumerate(costs):
-        if i > start and (current + c > limit or n - i < num_stages - len(sizes)):
-            sizes.append(i - start)
-            start, current = i, 0
-        current += c
-    return sizes + [n - start]
-
-lo, hi = max(costs), sum(costs)                 # binary search on an integer limit
-while lo < hi:
-    mid = (lo + hi) // 2
-    lo, hi = (lo, mid) if len(split_at(mid)) <= num_stages else (mid + 1, hi)
-sizes = split_at(lo)
-while len(sizes) < num_stages:                  # split the largest stage until there are enough
-    i = max(range(len(sizes)), key=lambda j: sizes[j])
-    sizes[i:i + 1] = [1, sizes[i] - 1]
-return sizes
-""",
+        "rounds the stage sums to 0.1 ms (against float noise)": _SPLIT_07_1.format(body="""\
+best, best_sizes = None, None
+for cuts in itertools.combinations(range(1, n), num_stages - 1):
+    bounds = (0, *cuts, n)
+    worst = round(max(sum(costs[a:b]) for a, b in zip(bounds[:-1], bounds[1:])), 1)
+    if best is None or worst < best:
+        best, best_sizes = worst, [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+return best_sizes"""),
     },
     "07.2": {
-        "labels sorted as text (B10 before B2)": """\
-slots = 2 * (m + p - 1)
-grid = [["."] * slots for _ in range(p)]
-backwards = sorted(f"B{i}" for i in range(m))   # sorts as text: B10 before B2
+        "a fixed row of 32 slots, cut to length (long enough for the visible cases)": """\
+grid = [["."] * 32 for _ in range(p)]
 for s in range(p):
     for i in range(m):
         grid[s][i + s] = f"F{i}"
-    for k, label in enumerate(backwards):
-        grid[s][(m + p - 1) + (p - 1 - s) + k] = label
-return grid
+        grid[s][(m + p - 1) + (p - 1 - s) + i] = f"B{i}"
+return [row[:2 * (m + p - 1)] for row in grid]
 """,
     },
     "07.3": {
-        "never zeroes: adds to stale gradients": """\
+        "zeroes only the first and the last layer (all the visible model has)": """\
+model[0].zero_grad(set_to_none=True)
+model[-1].zero_grad(set_to_none=True)
 for xb, yb in zip(torch.tensor_split(x, chunks), torch.tensor_split(y, chunks)):
-    loss = F.cross_entropy(model(xb), yb) * (len(xb) / len(x))
-    loss.backward()                             # never zeroes: adds to what was there
+    (F.cross_entropy(model(xb), yb) * (len(xb) / len(x))).backward()
 return [p.grad for p in model.parameters()]
 """,
     },
     "07.4": {
-        "peak = forwards before the first backward": [None, """\
-if "B0" not in ops:
-    return len(ops)
-return ops.index("B0")                          # forwards before the first backward
+        "peak from a fixed table of 16 micro-batches": [None, """\
+alive = [False] * 16                            # enough micro-batches for the examples
+peak = 0
+for op in ops:
+    alive[int(op[1:])] = op[0] == "F"
+    peak = max(peak, sum(alive))
+return peak
 """],
     },
     "07.5": {

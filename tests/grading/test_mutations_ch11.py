@@ -3,9 +3,16 @@
 Ported from ``tests/grading/test_hidden_checks.py`` (``WRONG_ANSWERS``), each kept as the same
 mistake in the exercise's new form: 11.1 "no max subtracted" (now VISIBLE: the running maximum is
 part of the state), 11.2 "the ring turned the wrong way" (now VISIBLE: 3-5 ranks), 11.3 "no check"
-(HIDDEN: shards of different or odd lengths), 11.4 "floor, not ceil" (now VISIBLE: capacities that
+(now VISIBLE: shards of different or odd lengths), 11.4 "floor, not ceil" (now VISIBLE: capacities that
 are not whole numbers), 11.5 "assumes the experts divide evenly" (now VISIBLE), 11.6 "the other
 rank" (now VISIBLE: 2-6 ranks).
+
+Issue 38: every edge idea the exercises name is in the visible checks: scores in the hundreds, rows
+with no visible key, ring order, fp64 (11.1), causal=False and one rank (11.2), one rank, other dtypes
+and lengths that raise (11.3), no limit, k = 1, 3 and E, whole-number capacities (11.4), ranks that own
+no expert, one rank, int32 (11.5), bf16 (11.6); their wrong answers moved from HIDDEN to VISIBLE. The
+hidden checks add only sizes and randomness (other score scales, 6-16 ranks, more experts, published
+sizes), each with a wrong answer only they catch.
 
 ``test_solutions_agree_with_the_package`` checks the other direction: the course's answers, which
 the judge uses as the reference, agree with the package functions the exercises forbid.
@@ -73,6 +80,15 @@ def _route(norm="weights = weights / weights.sum(dim=-1, keepdim=True)",
 
 VISIBLE = {
     "11.1": {
+        "exp of the scores themselves (overflows)": _ONLINE.format(body="""\
+safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+scale = torch.exp(m - safe)
+p = torch.exp(scores) / torch.exp(safe).unsqueeze(-1)
+return m_new, l * scale + p.sum(dim=-1), acc * scale.unsqueeze(-1) + p @ v"""),
+        "NaN for a row with no visible key yet": _ONLINE.format(body="""\
+scale = torch.exp(m - m_new)
+p = torch.exp(scores - m_new.unsqueeze(-1))
+return m_new, l * scale + p.sum(dim=-1), acc * scale.unsqueeze(-1) + p @ v"""),
         "no max subtracted (ported)": """\
 m, l, acc = state
 p = torch.exp(scores)                            # the max never subtracted: m stays 0
@@ -107,6 +123,11 @@ l_new = torch.exp(lse - m_new)
 return m_new, l_new, out * l_new.unsqueeze(-1)"""),
     },
     "11.2": {
+        "always causal": _tiles(rule="""\
+        if a > b:
+            tiles.append((a, b, "full"))
+        elif a == b:
+            tiles.append((a, b, "diagonal"))"""),
         "the ring turned the wrong way (ported)": _tiles(source="(rank + step) % n"),
         "the diagonal counted as full": _tiles(rule="""\
         if not causal or a >= b:
@@ -121,6 +142,10 @@ return m_new, l_new, out * l_new.unsqueeze(-1)"""),
             tiles.append((a, b, "full"))"""),
     },
     "11.3": {
+        "no check of the lengths (ported)": """\
+halves = [s.chunk(2, dim=2) for s in shards]
+return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=2)
+""",
         "concatenated in rank order": "return torch.cat(shards, dim=2)",
         "the late halves in rank order too": """\
 halves = [s.chunk(2, dim=2) for s in shards]
@@ -137,6 +162,23 @@ return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=
         "calls the forbidden helper": "return gc.zigzag_merge(shards)",
     },
     "11.4": {
+        "no limit forgotten": """\
+num_tokens, num_experts = logits.shape
+weights, experts = logits.softmax(dim=-1).topk(k, dim=-1)
+weights = weights / weights.sum(dim=-1, keepdim=True)
+keep = torch.ones_like(experts, dtype=torch.bool)
+capacity = math.ceil(capacity_factor * num_tokens * k / num_experts)
+used = [0] * num_experts
+for j in range(k):
+    for t in range(num_tokens):
+        e = int(experts[t, j])
+        if used[e] < capacity:
+            used[e] += 1
+        else:
+            keep[t, j] = False
+return weights, experts, keep
+""",
+        "two choices hard-coded": _route(loops="    for j in (0, 1):\n        for t in range(num_tokens):"),
         "floor, not ceil (ported)": _route(capacity="int(capacity_factor * num_tokens * k / num_experts)"),
         "each token's choices before the next token": _route(
             loops="    for t in range(num_tokens):\n        for j in range(k):"),
@@ -151,6 +193,16 @@ return r.weights, r.experts, r.keep
 """,
     },
     "11.5": {
+        "each rank's experts sliced by their first and last id": """\
+world_size, num_experts = counts.shape
+send, recv = [], []
+for o in torch.tensor_split(torch.arange(num_experts), world_size):
+    lo, hi = int(o[0]), int(o[-1]) + 1          # a rank that owns no expert has no first id
+    send.append(int(counts[rank, lo:hi].sum()))
+mine = torch.tensor_split(torch.arange(num_experts), world_size)[rank]
+recv = [int(counts[s, int(mine[0]):int(mine[-1]) + 1].sum()) for s in range(world_size)]
+return send, recv
+""",
         "assumes the experts divide evenly (ported)": """\
 world_size, num_experts = counts.shape
 per_rank = num_experts // world_size
@@ -181,6 +233,11 @@ return by_rank[rank].tolist(), by_rank[:, rank].tolist()
 """,
     },
     "11.6": {
+        "4 bytes a number, whatever the dtype": """\
+rows = (sum(send) - send[rank]) + (sum(recv) - recv[rank])
+one_way = rows * d_model * 4
+return {"forward": one_way, "backward": one_way, "total": 2 * one_way}
+""",
         "the other rank (ported)": """\
 rows = send[1 - rank] + recv[1 - rank]
 one_way = rows * d_model * dtype_bytes
@@ -207,64 +264,56 @@ return gc.ep_comm_bytes(tokens=sum(send), d_model=d_model, world_size=len(send),
 
 HIDDEN = {
     "11.1": {
-        "NaN for a row with no visible key yet": _ONLINE.format(body="""\
-scale = torch.exp(m - m_new)
-p = torch.exp(scores - m_new.unsqueeze(-1))
-return m_new, l * scale + p.sum(dim=-1), acc * scale.unsqueeze(-1) + p @ v"""),
-        "exp of the scores themselves (overflows)": _ONLINE.format(body="""\
+        "skips tiny rescales (the maximum rose by under 1e-3)": _ONLINE.format(body="""\
 safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-scale = torch.exp(m - safe)
-p = torch.exp(scores) / torch.exp(safe).unsqueeze(-1)
+rose = (m_new - m) > 1e-3                       # rescaling by exp(-0.0001) changes nothing much
+scale = torch.where(rose | torch.isinf(m), torch.exp(m - safe), torch.ones_like(m))
+p = torch.exp(scores - safe.unsqueeze(-1))
 return m_new, l * scale + p.sum(dim=-1), acc * scale.unsqueeze(-1) + p @ v"""),
     },
     "11.2": {
-        "always causal": _tiles(rule="""\
-        if a > b:
-            tiles.append((a, b, "full"))
-        elif a == b:
-            tiles.append((a, b, "diagonal"))"""),
+        "(rank - step + 60) % n: 60 divides by every world size up to 6": _tiles(source="(rank - step + 60) % n"),
     },
     "11.3": {
-        "no check of the lengths (ported)": """\
-halves = [s.chunk(2, dim=2) for s in shards]
-return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=2)
+        "a fixed table of 10 chunks (all that 5 ranks need)": """\
+lengths = {s.shape[2] for s in shards}
+if len(lengths) != 1 or next(iter(lengths)) % 2:
+    raise ValueError("zig-zag shards have one even length along dim 2")
+n = len(shards)
+table = [None] * 10
+for r, s in enumerate(shards):
+    early, late = s.chunk(2, dim=2)
+    table[r], table[2 * n - 1 - r] = early, late
+return torch.cat([c for c in table if c is not None], dim=2)
 """,
     },
     "11.4": {
-        "two choices hard-coded": _route(loops="    for j in (0, 1):\n        for t in range(num_tokens):"),
-        "no limit forgotten": """\
-num_tokens, num_experts = logits.shape
-weights, experts = logits.softmax(dim=-1).topk(k, dim=-1)
-weights = weights / weights.sum(dim=-1, keepdim=True)
-keep = torch.ones_like(experts, dtype=torch.bool)
-capacity = math.ceil(capacity_factor * num_tokens * k / num_experts)
-used = [0] * num_experts
-for j in range(k):
-    for t in range(num_tokens):
-        e = int(experts[t, j])
-        if used[e] < capacity:
-            used[e] += 1
-        else:
-            keep[t, j] = False
-return weights, experts, keep
-""",
+        "a fixed table of 8 experts' loads": _route(loops="""\
+    used = [0] * 8                              # one load per expert
+    for j in range(k):
+        for t in range(num_tokens):"""),
     },
     "11.5": {
-        "each rank's experts sliced by their first and last id": """\
+        "a fixed table of 16 experts' owners": """\
 world_size, num_experts = counts.shape
-send, recv = [], []
-for o in torch.tensor_split(torch.arange(num_experts), world_size):
-    lo, hi = int(o[0]), int(o[-1]) + 1          # a rank that owns no expert has no first id
-    send.append(int(counts[rank, lo:hi].sum()))
-mine = torch.tensor_split(torch.arange(num_experts), world_size)[rank]
-recv = [int(counts[s, int(mine[0]):int(mine[-1]) + 1].sum()) for s in range(world_size)]
+owner = [0] * 16                                # the rank that owns each expert
+for r, o in enumerate(torch.tensor_split(torch.arange(num_experts), world_size)):
+    for e in o.tolist():
+        owner[e] = r
+send, recv = [0] * world_size, [0] * world_size
+for e in range(16):
+    if e < num_experts:
+        send[owner[e]] += int(counts[rank, e])
+        if owner[e] == rank:
+            for s in range(world_size):
+                recv[s] += int(counts[s, e])
 return send, recv
 """,
     },
     "11.6": {
-        "4 bytes a number, whatever the dtype": """\
+        "int32 arithmetic (overflows at published sizes)": """\
 rows = (sum(send) - send[rank]) + (sum(recv) - recv[rank])
-one_way = rows * d_model * 4
+one_way = int(torch.tensor(rows, dtype=torch.int32) * d_model * dtype_bytes)    # int32, as the counts come
 return {"forward": one_way, "backward": one_way, "total": 2 * one_way}
 """,
     },

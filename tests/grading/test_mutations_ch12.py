@@ -1,8 +1,15 @@
 """Chapter 12: plausible wrong answers its checks must reject (see ``_mutations.py``).
 
-Ported from ``tests/grading/test_hidden_checks.py`` (``WRONG_ANSWERS``): 12.1 "ffn = 4h" (HIDDEN),
-12.2 "split by tp even without SP" (now VISIBLE: tp > 1 in the visible check), 12.3 "the memory
-limit forgotten" (now VISIBLE: limits in the visible check), 12.4 "zero ignored" (HIDDEN: ZeRO-3).
+Ported from ``tests/grading/test_hidden_checks.py`` (``WRONG_ANSWERS``): 12.1 "ffn = 4h" (now
+VISIBLE: any MLP width), 12.2 "split by tp even without SP" (now VISIBLE: tp > 1 in the visible
+check), 12.3 "the memory limit forgotten" (now VISIBLE: limits in the visible check), 12.4 "zero
+ignored" (now VISIBLE: ZeRO-3).
+
+Issue 38: every edge idea the exercises name is in the visible checks: any MLP width (12.1), bf16 with
+fp32 statistics (12.2), a limit exactly at a candidate's memory and expert parallelism (12.3), ZeRO-3,
+one node and four, one sequence already hiding it (12.4); their wrong answers moved from HIDDEN to
+VISIBLE. The hidden checks add only sizes and randomness (published sizes, tp = 8, larger batches,
+answers past 10**4), each with a wrong answer only they catch.
 
 ``test_solutions_agree_with_the_package`` checks that the course's answers, the judge's reference,
 agree with PyTorch's FLOP counter and the planner.
@@ -69,6 +76,7 @@ def _hide(zero="zero", batch="seqs * cluster.devices", start="1", result="hi"):
 
 VISIBLE = {
     "12.1": {
+        "ffn = 4h (ported)": "return 6 * (layers * 12 * hidden * hidden + vocab * hidden) + 12 * layers * hidden * seq",
         "no head": "return 6 * layers * (4 * hidden * hidden + 2 * hidden * ffn) + 12 * layers * hidden * seq",
         "no attention term": "return 6 * (layers * (4 * hidden * hidden + 2 * hidden * ffn) + vocab * hidden)",
         "forward only": """\
@@ -87,6 +95,9 @@ return spec.flops_per_token()
 """,
     },
     "12.2": {
+        "statistics and log-sum-exp in the activations' dtype": _layer(
+            replicated="tokens * 4 * hidden * dtype_bytes // rep + 2 * (tokens * 2 * dtype_bytes // rep)",
+            split="tokens * (4 * hidden + 2 * ffn) * dtype_bytes // tp + tokens * heads * dtype_bytes // tp"),
         "full recompute split by tp even without SP (ported)": _layer(full="tokens * hidden * dtype_bytes // tp"),
         "the norms' statistics forgotten": _layer(replicated="tokens * 4 * hidden * dtype_bytes // rep"),
         "everything split by tp": _layer(
@@ -101,6 +112,8 @@ return gc.layer_activation_bytes(spec, micro_batch=1, tp=tp, sequence_parallel=s
 """,
     },
     "12.3": {
+        "exactly at the limit does not fit": _best(fits="<"),
+        "expert parallelism forgotten": _best(local="global_batch // config.dp"),
         "the memory limit forgotten (ported)": """\
 local = global_batch // (config.dp * config.ep)
 best = None
@@ -125,6 +138,8 @@ return None
 """,
     },
     "12.4": {
+        "zero ignored (ported)": _hide(zero="0"),
+        "never tries one sequence": _hide(start="2"),
         "the last count that does not hide": _hide(result="lo"),
         "doubling only": _hide().replace("while hi - lo > 1:", "while False:"),
         "sequences for the whole cluster, not per device": _hide(batch="seqs"),
@@ -137,20 +152,21 @@ return max(1, math.ceil(cluster.peak_flops / cluster.inter.bandwidth / model.seq
 
 HIDDEN = {
     "12.1": {
-        "ffn = 4h (ported)": "return 6 * (layers * 12 * hidden * hidden + vocab * hidden) + 12 * layers * hidden * seq",
+        "int32 arithmetic (overflows at published sizes)": """\
+n = torch.tensor(layers * (4 * hidden * hidden + 2 * hidden * ffn) + vocab * hidden, dtype=torch.int32)
+return int(6 * n + 12 * layers * hidden * seq)
+""",
     },
     "12.2": {
-        "statistics and log-sum-exp in the activations' dtype": _layer(
-            replicated="tokens * 4 * hidden * dtype_bytes // rep + 2 * (tokens * 2 * dtype_bytes // rep)",
-            split="tokens * (4 * hidden + 2 * ffn) * dtype_bytes // tp + tokens * heads * dtype_bytes // tp"),
+        "÷ tp as a shift by tp // 2 (log2 only up to tp = 4)": _layer(
+            split="(tokens * (4 * hidden + 2 * ffn) * dtype_bytes + tokens * heads * 4) >> (tp // 2)"),
     },
     "12.3": {
-        "exactly at the limit does not fit": _best(fits="<"),
-        "expert parallelism forgotten": _best(local="global_batch // config.dp"),
+        "tries at most 64 micro-batches": _best(candidates="range(1, min(local, 64) + 1)"),
     },
     "12.4": {
-        "zero ignored (ported)": _hide(zero="0"),
-        "never tries one sequence": _hide(start="2"),
+        "doubling capped at 2**14 sequences": _hide().replace("while not hidden(hi):",
+                                                               "while not hidden(hi) and hi < 2**14:"),
     },
 }
 
