@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .live_rank_process import keeper_main
 from .ports import host_store, loopback_interface
 from .processes import wait_ready as _wait_for
-from .rank_output import read, tidy_stack
+from .rank_output import blocked_report, read, tidy_stack
 
 __all__ = ["RankError", "RankTimeout", "LiveGroup", "Outcome", "raise_for", "who"]
 
@@ -77,6 +77,8 @@ class RankTimeout(TimeoutError):
         stacks: ``{rank: where it was}`` (the Python stack, innermost call first).
         stopped: whether the group had to be stopped (a rank blocked in a collective or a ``recv``
             cannot be interrupted); otherwise they were interrupted and the group lives on.
+        blocked: one line naming where each rank waits (its ``torch.distributed`` call and the
+            cell's line) and, for a known pattern, why ("both ranks send first").
 
     Example::
 
@@ -89,9 +91,10 @@ class RankTimeout(TimeoutError):
         [0] True True False
     """
 
-    def __init__(self, message: str, *, ranks: list[int], stacks: dict, stopped: bool):
+    def __init__(self, message: str, *, ranks: list[int], stacks: dict, stopped: bool, blocked: str = ""):
         super().__init__(message)
         self.ranks, self.stacks, self.stopped = ranks, stacks, stopped
+        self.blocked = blocked        # where each rank waits, one line ("rank 0 in send (line 2 …), …")
 
     def __reduce__(self):
         return (_rebuild, (type(self), str(self), self.__dict__))
@@ -420,10 +423,15 @@ def raise_for(outcome: Outcome, chosen: list[int], timeout: float, *, stopped: b
         else:
             fate = "Interrupted (KeyboardInterrupt): the group is still up, its variables kept."
         others = " (the others had finished)" if len(late) < len(chosen) else ""
+        positions, why = blocked_report({r: outcome.stacks[r] for r in sorted(late) if outcome.stacks.get(r)},
+                                        chosen)
+        blocked = positions + (f": {why}" if why else "")
+        causes = ("" if why else "Usual causes: a collective that only some ranks call, a recv "
+                  "with no matching send, an endless loop. ")
         raise RankTimeout(
-            f"{who(sorted(late))} still busy after {timeout:g} s{others}. Usual causes: a collective "
-            f"that only some ranks call, a recv with no matching send, an endless loop. {fate}{where}",
-            ranks=sorted(late), stacks=dict(outcome.stacks), stopped=stopped)
+            f"{who(sorted(late))} still busy after {timeout:g} s{others}. "
+            + (f"Blocked: {blocked}. " if blocked else "") + f"{causes}{fate}{where}",
+            ranks=sorted(late), stacks=dict(outcome.stacks), stopped=stopped, blocked=blocked)
 
 
 def _short_paths(stack: str) -> str:

@@ -56,6 +56,9 @@ starts; a script or a test may hold its own :class:`LiveRanks` as well.
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import linecache
 import os
 import pickle
 import re
@@ -68,9 +71,29 @@ from .live_rank_process import CELL_PREFIX
 from .processes import warm_parent
 from .validate import check_int, check_positive
 
-__all__ = ["LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks"]
+__all__ = ["LiveRanks", "RankError", "RankTimeout", "RanksInterrupted", "checking", "ranks", "start_ranks"]
 
 _INTERRUPT_GRACE = 1.0   # s an interrupted rank gets to return to its loop before the group is stopped
+_checking = False        # a check is running its cases: code it sends is "<ranks check N>", not the learner's
+
+
+class RanksInterrupted(KeyboardInterrupt):
+    """The notebook's stop button during a live-ranks cell; says whether the ranks survived it."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {self}"]
+
+
+@contextlib.contextmanager
+def checking():
+    """While a check runs its cases: the code it sends the ranks is the check's (``<ranks check N>``
+    in tracebacks), and a rank's error names the learner's line and a lost ``%%ranks`` answer."""
+    global _checking
+    before, _checking = _checking, True
+    try:
+        yield
+    finally:
+        _checking = before
 
 
 class LiveRanks:
@@ -106,6 +129,8 @@ class LiveRanks:
         self._cells = 0
         self._last_world_size: int | None = None
         self.timeout = 60.0
+        self._defined: set[str] = set()     # names the cells run on these ranks bound (def, class, =)
+        self._lost: set[str] = set()        # names earlier groups had that these ranks were never given
 
     # --- start and stop ------------------------------------------------------------------------
     def start(self, world_size: int = 2, *, timeout: float = 60.0) -> LiveRanks:
@@ -126,6 +151,7 @@ class LiveRanks:
         self.stop()
         warm_parent()                       # torch._dynamo imported once here, not in every rank
         self._group = LiveGroup.start(world_size, timeout)
+        self._lost, self._defined = self._lost | self._defined, set()   # what the old ranks had
         self._finalizer = weakref.finalize(self, self._group.stop)   # at exit, or when dropped
         self.timeout = float(timeout)
         self._last_world_size = world_size
@@ -187,8 +213,17 @@ class LiveRanks:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str of Python source, got {type(code).__name__}")
         self._cells += 1
-        filename = f"{CELL_PREFIX}cell {self._cells}>"
-        self._round({r: ("exec", code, filename) for r in self._chosen(ranks)}, timeout)
+        filename = f"{CELL_PREFIX}{'check' if _checking else 'cell'} {self._cells}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # for reports here
+        chosen = self._chosen(ranks)
+        try:
+            self._round({r: ("exec", code, filename) for r in chosen}, timeout)
+        except RankError as e:
+            if _checking:
+                _explain_for_a_check(e, self._lost)
+            raise
+        if not _checking:
+            self._defined |= _bound_names(code)
 
     def gather(self, expression: str, ranks: int | Iterable[int] | None = None, *,
                timeout: float | None = None) -> list:
@@ -249,7 +284,10 @@ class LiveRanks:
         if broken:
             self._broken(outcome)
         if outcome.interrupted_here:
-            raise KeyboardInterrupt
+            raise RanksInterrupted(
+                "ranks stopped — gc.ranks.restart() starts a fresh group (the ranks' variables are lost)"
+                if broken else f"ranks still live: {who(sorted(messages))} interrupted, the group is up "
+                               "and keeps its variables")
         # 5) errors fail the cell
         raise_for(outcome, sorted(messages), timeout, stopped=broken)
         return {r: reply[3] for r, reply in outcome.replies.items()}
@@ -397,3 +435,62 @@ def _dumps(values: dict) -> bytes:
         raise TypeError(f"push: these values cannot be sent to the ranks ({type(e).__name__}: {e}); "
                         "send plain data, functions or classes, and create locks, files or "
                         "connections on the ranks") from None
+
+
+# --- errors of a check's code on the ranks, as a learner reads them ------------------------------------
+
+_TB_FRAME = re.compile(r'^\[ranks? [\d,]+\]   File "(?P<path><ranks [^"]*)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def _bound_names(code: str) -> set[str]:
+    """The names a cell binds at its top level (functions, classes, assignments, imports)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _explain_for_a_check(error: RankError, lost: set[str]) -> None:
+    """Rewrite the first line of a rank's error in a check's code: which line of the learner's
+    ``%%ranks`` cell raised it, or which answer the ranks do not have (restarted ranks lose them)."""
+    text = str(error)
+    first, _, rest = text.partition("\n")
+    frames = [m for m in map(_TB_FRAME.match, rest.splitlines()) if m]
+    theirs = [m for m in frames if not m["path"].startswith(f"{CELL_PREFIX}check")]
+    missing = None
+    if not theirs and set(error.exc_types.values()) == {"NameError"}:
+        found = re.search(r"NameError: name '(\w+)' is not defined", first)
+        missing = found and found[1]
+    if missing:
+        again = ("run your %%ranks answer cell again: the new ranks do not have "
+                 f"`{missing}` (gc.ranks was restarted)" if missing in lost else
+                 f"run your %%ranks answer cell first: the ranks do not have `{missing}`")
+        first = f"{first} — {again}"
+    elif theirs:
+        last = theirs[-1]                         # the innermost frame of the learner's code
+        source = linecache.getline(last["path"], int(last["line"])).strip()
+        func = f" (in {last['func']})" if last["func"] != "<module>" else ""
+        first = (f"{first} — at line {last['line']} of your %%ranks cell {last['path']}{func}"
+                 + (f": `{source[:100]}`" if source else ""))
+    hint = _known_torch_message(text)
+    if hint:
+        first = f"{first} ({hint})"
+    error.args = (f"{first}\n{rest}" if rest else first,)
+
+
+def _known_torch_message(text: str) -> str:
+    """A learner's reading of PyTorch's internal messages that a wrong answer provokes."""
+    if "expected the hook result is a PyObject" in text:
+        return ("a communication hook's future must hold one tensor: this one held something else, "
+                "e.g. the list work.get_future() gives — take its [0] with .then(...)")
+    return ""
