@@ -31,6 +31,7 @@ from .rank_output import blocked_report, read, tidy_stack
 
 __all__ = ["RankError", "RankTimeout", "LiveGroup", "Outcome", "raise_for", "who"]
 
+PROGRESS_EVERY = 0.25    # s between two looks at the busy ranks, for a live progress line
 PEER_GRACE = 3.0         # s the other ranks get after one raised or died (then they are interrupted)
 _MACHINERY = os.path.join("gpucourse", "runtime", "live_rank_process.py")
 
@@ -220,8 +221,11 @@ class LiveGroup:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     # --- a round ------------------------------------------------------------------------------------
-    def exchange(self, messages: dict[int, tuple], timeout: float) -> Outcome:
-        """Send each rank its message and collect the replies until all came or the deadline passed."""
+    def exchange(self, messages: dict[int, tuple], timeout: float, progress=None) -> Outcome:
+        """Send each rank its message and collect the replies until all came or the deadline passed.
+
+        ``progress(busy, outcome)``, if given, is called about every :data:`PROGRESS_EVERY` seconds
+        while ranks are busy (a notebook's live line per rank)."""
         self.seq += 1
         outcome = Outcome()
         busy = set()
@@ -238,6 +242,9 @@ class LiveGroup:
                 if remaining <= 0:
                     break
                 keeper = [self.keeper] if self.keeper_alive else []
+                if progress is not None:
+                    progress(busy, outcome)
+                    remaining = min(remaining, PROGRESS_EVERY)
                 ready = _wait_for([self.conns[r] for r in busy] + keeper, timeout=remaining)
                 for conn in ready:
                     if conn is self.keeper:
@@ -321,6 +328,16 @@ class LiveGroup:
                 sys.stderr.flush()
             for png in reply[6] if reply else ():
                 _show_png(png, r, label=len(figures_from) > 1)
+
+    def last_line(self, rank: int) -> str:
+        """The last line rank ``rank`` printed in this round so far ("" if none)."""
+        file = self.files.get((rank, "out"))
+        if file is None:
+            return ""
+        size = os.fstat(file.fileno()).st_size
+        text = _read_range(file, max(self.out_pos[rank], size - 2000), size)
+        lines = [line for line in text.splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
 
     # --- keeper and exit codes -------------------------------------------------------------------
     def _keeper_news(self) -> None:

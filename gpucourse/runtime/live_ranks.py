@@ -66,7 +66,7 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from .live_group import RankError, RankTimeout, LiveGroup, Outcome, raise_for, who
+from .live_group import LiveGroup, Outcome, RankError, RankTimeout, raise_for, who
 from .live_rank_process import CELL_PREFIX
 from .processes import warm_parent
 from .validate import check_int, check_positive
@@ -129,6 +129,9 @@ class LiveRanks:
         self._cells = 0
         self._last_world_size: int | None = None
         self.timeout = 60.0
+        #: live lines (running / done / last print) while a %%ranks cell runs: None decides by the
+        #: frontend (a notebook that names its cells), True or False always or never
+        self.progress: bool | None = None
         self._defined: set[str] = set()     # names the cells run on these ranks bound (def, class, =)
         self._lost: set[str] = set()        # names earlier groups had that these ranks were never given
 
@@ -210,6 +213,10 @@ class LiveRanks:
             RankTimeout: ranks were still busy after ``timeout`` seconds (default: the group's).
         """
         __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
+        self._run(code, ranks, timeout, live=False)
+
+    def _run(self, code: str, ranks, timeout: float | None, *, live: bool) -> None:
+        __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
         if not isinstance(code, str):
             raise TypeError(f"code must be a str of Python source, got {type(code).__name__}")
         self._cells += 1
@@ -217,7 +224,7 @@ class LiveRanks:
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # for reports here
         chosen = self._chosen(ranks)
         try:
-            self._round({r: ("exec", code, filename) for r in chosen}, timeout)
+            self._round({r: ("exec", code, filename) for r in chosen}, timeout, live=live)
         except RankError as e:
             if _checking:
                 _explain_for_a_check(e, self._lost)
@@ -266,13 +273,18 @@ class LiveRanks:
         self._round({r: ("push", _dumps({name: v})) for r, v in enumerate(values)}, timeout)
 
     # --- one round: send, wait, show, raise ------------------------------------------------------
-    def _round(self, messages: dict[int, tuple], timeout: float | None) -> dict[int, Any]:
+    def _round(self, messages: dict[int, tuple], timeout: float | None, *, live: bool = False) -> dict[int, Any]:
         """Send each rank its message; wait; show the output in rank order; return values or raise."""
         __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
         group = self._live()
         timeout = self.timeout if timeout is None else check_positive("timeout", timeout)
-        # 1) send; 2) wait
-        outcome = group.exchange(messages, timeout)
+        # 1) send; 2) wait (a %%ranks cell in a notebook: a live line per rank meanwhile)
+        lines = _LiveLines(group, sorted(messages)) if live and self._shows_progress() else None
+        try:
+            outcome = group.exchange(messages, timeout, progress=lines)
+        finally:
+            if lines is not None:
+                lines.close()
         # 3) still busy: where were they? then interrupt them; stop the group if that fails
         if outcome.late:
             if not outcome.interrupted_here:
@@ -286,11 +298,29 @@ class LiveRanks:
         if outcome.interrupted_here:
             raise RanksInterrupted(
                 "ranks stopped — gc.ranks.restart() starts a fresh group (the ranks' variables are lost)"
-                if broken else f"ranks still live: {who(sorted(messages))} interrupted, the group is up "
-                               "and keeps its variables")
+                if broken else f"ranks still live: {who(outcome.late or sorted(messages))} interrupted, the "
+                               "group is up and keeps its variables")
         # 5) errors fail the cell
         raise_for(outcome, sorted(messages), timeout, stopped=broken)
         return {r: reply[3] for r, reply in outcome.replies.items()}
+
+    def _shows_progress(self) -> bool:
+        """Live lines while a ``%%ranks`` cell runs: ``progress`` True/False, or None (the default):
+        only in a notebook frontend that names its cells (JupyterLab, Notebook 7, VS Code) — not
+        under nbval or nbclient, which keep every output, so a stored notebook's outputs stay the same."""
+        if self.progress is not None:
+            return bool(self.progress)
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+        kernel = getattr(shell, "kernel", None)
+        try:
+            parent = kernel.get_parent("shell") if kernel is not None else {}
+        except Exception:  # noqa: BLE001 - an older ipykernel: no live lines
+            return False
+        return bool((parent or {}).get("metadata", {}).get("cellId"))
 
     def _broken(self, outcome: Outcome) -> None:
         if outcome.died:
@@ -399,7 +429,7 @@ def _ranks_magic(line: str, cell: str) -> None:
         ranks._chosen(chosen)                 # no live ranks, or a rank that does not exist
     except (ValueError, RuntimeError) as e:
         raise UsageError(str(e)) from None
-    ranks.run(cell, chosen, timeout=timeout)
+    ranks._run(cell, chosen, timeout, live=True)
 
 
 def _register_magic() -> bool:
@@ -412,6 +442,52 @@ def _register_magic() -> bool:
         return False
     shell.register_magic_function(_ranks_magic, magic_kind="cell", magic_name="ranks")
     return True
+
+
+class _LiveLines:
+    """A line per rank while a ``%%ranks`` cell runs — running (how long, its last print), done,
+    raised, died — in one display that is updated in place, and cleared when the cell ends (the
+    ordered, rank-by-rank output takes its place)."""
+
+    DELAY = 0.5      # s before the first line shows: a quick cell shows nothing but its output
+
+    def __init__(self, group: LiveGroup, chosen: list[int]):
+        import time
+
+        self.group, self.chosen, self.clock = group, chosen, time.monotonic
+        self.started, self.handle, self.text = self.clock(), None, ""
+
+    def __call__(self, busy, outcome: Outcome) -> None:
+        elapsed = self.clock() - self.started
+        if elapsed < self.DELAY:
+            return
+        lines = []
+        for r in self.chosen:
+            reply = outcome.replies.get(r)
+            if r in outcome.died:
+                state = "died"
+            elif reply is not None:
+                state = f"raised {reply[2][0]}" if reply[2] is not None else "done"
+            else:
+                state = f"running {elapsed:.0f} s"
+            last = self.group.last_line(r)
+            lines.append(f"[rank {r}] {state}" + (f" · last print: {last[:100]}" if last else ""))
+        text = "\n".join(lines)
+        if text == self.text:
+            return
+        from IPython.display import display
+
+        self.text = text
+        if self.handle is None:
+            self.handle = display({"text/plain": text}, raw=True, display_id=True)
+        else:
+            self.handle.update({"text/plain": text}, raw=True)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            from IPython.display import clear_output
+
+            clear_output()            # the magic's cell had no other output yet
 
 
 def _names(values) -> dict:
