@@ -369,8 +369,8 @@ def run_cases(run: Callable, cases: list, seeds: list[int]) -> list:
     returned tensor cannot alter it). Stops at the first ``NotImplementedError``, and at the first
     case whose ranks stayed blocked (a ``gc.RankTimeout`` or ``gc.launch``'s ``TimeoutError``):
     a deadlock costs one case's timeout, not every case's."""
-    from ..runtime.live_ranks import checking
-
+    live = sys.modules.get("gpucourse.runtime.live_ranks")     # loaded wherever live ranks run
+    checking = live.checking if live is not None else contextlib.nullcontext
     nodes = []
     for case, seed in zip(cases, seeds):
         _seed_everything(seed)

@@ -18,10 +18,14 @@ One cell, as :meth:`LiveRanks.run` does it:
 1) send the cell's code to each chosen rank (``%%ranks``: all; ``%%ranks 0,2``: those);
 2) wait for each rank's reply, one deadline for the cell (``--timeout``, default 60 s). A rank that
    raised shortens it: the others get a few seconds more, since they are likely waiting for it in
-   a collective;
+   a collective. Meanwhile a ``%%ranks`` cell in a notebook shows a line per rank (running, done,
+   its last print), updated in place and cleared when the cell ends (:class:`_LiveLines`);
 3) ranks still busy at the deadline: ask each where it is (a Python stack), then interrupt it
    (``KeyboardInterrupt``). A rank stuck inside a collective cannot be interrupted — then the group
-   is broken, and it is stopped: :meth:`LiveRanks.restart` starts a fresh one in well under 5 s;
+   is broken, and it is stopped: :meth:`LiveRanks.restart` starts a fresh one in well under 5 s.
+   The error names where each rank waits ("rank 0 in send (line 2 of <ranks cell 4>: …)") and a
+   known pattern's cause ("both ranks send first"). The notebook's stop button interrupts the busy
+   ranks too, and says whether the group survived ("ranks still live" / "ranks stopped");
 4) show each rank's output in rank order, all of it before the next rank's, lines labelled
    ``[rank r]``: stdout, stderr, then its figures — the same every run, so nbval can compare it;
 5) raise :class:`RankError` (a rank raised or died; its traceback, rank-labelled) or
