@@ -273,12 +273,14 @@ class Judge:
         for got, want in zip(gots, wants):                # the run stops at a NotImplementedError
             if isinstance(got, wire.Raised) and got.not_implemented and not isinstance(want, wire.Raised):
                 return self._verdict(False, f"{spec.exercise}: not implemented yet ({got})", spec, seed, hint=False)
-        if len(gots) < len(cases):
+        stopped = (0 < len(gots) < len(cases) and len(gots) <= len(wants) and isinstance(gots[-1], wire.Raised)
+                   and not isinstance(wants[len(gots) - 1], wire.Raised))   # ranks that hung end the run
+        if len(gots) < len(cases) and not stopped:
             return self._verdict(False, f"{name}: only {len(gots)} of {len(cases)} cases ran", spec, seed)
         if len(gots) > len(cases):
             return self._verdict(False, f"{name}: {len(gots)} values for {len(cases)} cases", spec, seed)
         any_length = ANY_LENGTH.get(spec.exercise, frozenset())
-        for i, (case, got, want) in enumerate(zip(cases, gots, wants, strict=True)):
+        for i, (case, got, want) in enumerate(zip(cases[:len(gots)], gots, wants[:len(gots)], strict=True)):
             where = f"{name}, {'public ' if self.public is not None else ''}case {i + 1} of {len(cases)}"
             if isinstance(want, wire.Raised) and spec.compare is not None and not isinstance(got, wire.Raised):
                 return self._verdict(False, f"{where} — {self._describe(spec, case)}: the course's own answer "

@@ -46,6 +46,7 @@ __all__ = ["describe", "mismatch", "raised_text"]
 
 _SEQUENCES = (list, tuple)
 _RANK_LINE = re.compile(r"^ranks? [\d, ]+ raised ")
+_BLOCKED = re.compile(r" Blocked: (.*?)\.(?= [A-Z]|$)")
 
 
 def raised_text(r: Raised) -> str:
@@ -60,7 +61,12 @@ def raised_text(r: Raised) -> str:
         'the code raised ValueError: bad size'
     """
     lines = [line.strip() for line in r.message.splitlines() if line.strip()]
-    first = (lines[0][:300] + ("…" if len(lines[0]) > 300 else "")) if lines else ""
+    blocked = _BLOCKED.search(lines[0]) if lines and r.is_a("TimeoutError") else None
+    if blocked:      # ranks that hung: where each one waited, and the check stopped there
+        head = lines[0].split(". ", 1)[0]
+        return (f"the code raised {r.type}: {head}. Blocked: {blocked[1][:700]}. The check stopped at this "
+                "case (the ranks would hang again)")
+    first = (lines[0][:500] + ("…" if len(lines[0]) > 500 else "")) if lines else ""
     if r.remote_type and _RANK_LINE.match(first):
         return first
     if r.remote_type:

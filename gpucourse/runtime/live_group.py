@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from .live_rank_process import keeper_main
 from .ports import host_store, loopback_interface
 from .processes import wait_ready as _wait_for
-from .rank_output import read, tidy_stack
+from .rank_output import blocked_report, read, tidy_stack
 
 __all__ = ["RankError", "RankTimeout", "LiveGroup", "Outcome", "raise_for", "who"]
 
+PROGRESS_EVERY = 0.25    # s between two looks at the busy ranks, for a live progress line
 PEER_GRACE = 3.0         # s the other ranks get after one raised or died (then they are interrupted)
 _MACHINERY = os.path.join("gpucourse", "runtime", "live_rank_process.py")
 
@@ -77,6 +78,8 @@ class RankTimeout(TimeoutError):
         stacks: ``{rank: where it was}`` (the Python stack, innermost call first).
         stopped: whether the group had to be stopped (a rank blocked in a collective or a ``recv``
             cannot be interrupted); otherwise they were interrupted and the group lives on.
+        blocked: one line naming where each rank waits (its ``torch.distributed`` call and the
+            cell's line) and, for a known pattern, why ("both ranks send first").
 
     Example::
 
@@ -89,9 +92,10 @@ class RankTimeout(TimeoutError):
         [0] True True False
     """
 
-    def __init__(self, message: str, *, ranks: list[int], stacks: dict, stopped: bool):
+    def __init__(self, message: str, *, ranks: list[int], stacks: dict, stopped: bool, blocked: str = ""):
         super().__init__(message)
         self.ranks, self.stacks, self.stopped = ranks, stacks, stopped
+        self.blocked = blocked        # where each rank waits, one line ("rank 0 in send (line 2 …), …")
 
     def __reduce__(self):
         return (_rebuild, (type(self), str(self), self.__dict__))
@@ -217,8 +221,11 @@ class LiveGroup:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     # --- a round ------------------------------------------------------------------------------------
-    def exchange(self, messages: dict[int, tuple], timeout: float) -> Outcome:
-        """Send each rank its message and collect the replies until all came or the deadline passed."""
+    def exchange(self, messages: dict[int, tuple], timeout: float, progress=None) -> Outcome:
+        """Send each rank its message and collect the replies until all came or the deadline passed.
+
+        ``progress(busy, outcome)``, if given, is called about every :data:`PROGRESS_EVERY` seconds
+        while ranks are busy (a notebook's live line per rank)."""
         self.seq += 1
         outcome = Outcome()
         busy = set()
@@ -235,6 +242,9 @@ class LiveGroup:
                 if remaining <= 0:
                     break
                 keeper = [self.keeper] if self.keeper_alive else []
+                if progress is not None:
+                    progress(busy, outcome)
+                    remaining = min(remaining, PROGRESS_EVERY)
                 ready = _wait_for([self.conns[r] for r in busy] + keeper, timeout=remaining)
                 for conn in ready:
                     if conn is self.keeper:
@@ -318,6 +328,16 @@ class LiveGroup:
                 sys.stderr.flush()
             for png in reply[6] if reply else ():
                 _show_png(png, r, label=len(figures_from) > 1)
+
+    def last_line(self, rank: int) -> str:
+        """The last line rank ``rank`` printed in this round so far ("" if none)."""
+        file = self.files.get((rank, "out"))
+        if file is None:
+            return ""
+        size = os.fstat(file.fileno()).st_size
+        text = _read_range(file, max(self.out_pos[rank], size - 2000), size)
+        lines = [line for line in text.splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
 
     # --- keeper and exit codes -------------------------------------------------------------------
     def _keeper_news(self) -> None:
@@ -420,10 +440,15 @@ def raise_for(outcome: Outcome, chosen: list[int], timeout: float, *, stopped: b
         else:
             fate = "Interrupted (KeyboardInterrupt): the group is still up, its variables kept."
         others = " (the others had finished)" if len(late) < len(chosen) else ""
+        positions, why = blocked_report({r: outcome.stacks[r] for r in sorted(late) if outcome.stacks.get(r)},
+                                        chosen)
+        blocked = positions + (f": {why}" if why else "")
+        causes = ("" if why else "Usual causes: a collective that only some ranks call, a recv "
+                  "with no matching send, an endless loop. ")
         raise RankTimeout(
-            f"{who(sorted(late))} still busy after {timeout:g} s{others}. Usual causes: a collective "
-            f"that only some ranks call, a recv with no matching send, an endless loop. {fate}{where}",
-            ranks=sorted(late), stacks=dict(outcome.stacks), stopped=stopped)
+            f"{who(sorted(late))} still busy after {timeout:g} s{others}. "
+            + (f"Blocked: {blocked}. " if blocked else "") + f"{causes}{fate}{where}",
+            ranks=sorted(late), stacks=dict(outcome.stacks), stopped=stopped, blocked=blocked)
 
 
 def _short_paths(stack: str) -> str:

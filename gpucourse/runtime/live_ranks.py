@@ -18,10 +18,14 @@ One cell, as :meth:`LiveRanks.run` does it:
 1) send the cell's code to each chosen rank (``%%ranks``: all; ``%%ranks 0,2``: those);
 2) wait for each rank's reply, one deadline for the cell (``--timeout``, default 60 s). A rank that
    raised shortens it: the others get a few seconds more, since they are likely waiting for it in
-   a collective;
+   a collective. Meanwhile a ``%%ranks`` cell in a notebook shows a line per rank (running, done,
+   its last print), updated in place and cleared when the cell ends (:class:`_LiveLines`);
 3) ranks still busy at the deadline: ask each where it is (a Python stack), then interrupt it
    (``KeyboardInterrupt``). A rank stuck inside a collective cannot be interrupted — then the group
-   is broken, and it is stopped: :meth:`LiveRanks.restart` starts a fresh one in well under 5 s;
+   is broken, and it is stopped: :meth:`LiveRanks.restart` starts a fresh one in well under 5 s.
+   The error names where each rank waits ("rank 0 in send (line 2 of <ranks cell 4>: …)") and a
+   known pattern's cause ("both ranks send first"). The notebook's stop button interrupts the busy
+   ranks too, and says whether the group survived ("ranks still live" / "ranks stopped");
 4) show each rank's output in rank order, all of it before the next rank's, lines labelled
    ``[rank r]``: stdout, stderr, then its figures — the same every run, so nbval can compare it;
 5) raise :class:`RankError` (a rank raised or died; its traceback, rank-labelled) or
@@ -56,6 +60,9 @@ starts; a script or a test may hold its own :class:`LiveRanks` as well.
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import linecache
 import os
 import pickle
 import re
@@ -63,14 +70,34 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
-from .live_group import RankError, RankTimeout, LiveGroup, Outcome, raise_for, who
+from .live_group import LiveGroup, Outcome, RankError, RankTimeout, raise_for, who
 from .live_rank_process import CELL_PREFIX
 from .processes import warm_parent
 from .validate import check_int, check_positive
 
-__all__ = ["LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks"]
+__all__ = ["LiveRanks", "RankError", "RankTimeout", "RanksInterrupted", "checking", "ranks", "start_ranks"]
 
 _INTERRUPT_GRACE = 1.0   # s an interrupted rank gets to return to its loop before the group is stopped
+_checking = False        # a check is running its cases: code it sends is "<ranks check N>", not the learner's
+
+
+class RanksInterrupted(KeyboardInterrupt):
+    """The notebook's stop button during a live-ranks cell; says whether the ranks survived it."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[0;31mKeyboardInterrupt\x1b[0m: {self}"]
+
+
+@contextlib.contextmanager
+def checking():
+    """While a check runs its cases: the code it sends the ranks is the check's (``<ranks check N>``
+    in tracebacks), and a rank's error names the learner's line and a lost ``%%ranks`` answer."""
+    global _checking
+    before, _checking = _checking, True
+    try:
+        yield
+    finally:
+        _checking = before
 
 
 class LiveRanks:
@@ -106,6 +133,11 @@ class LiveRanks:
         self._cells = 0
         self._last_world_size: int | None = None
         self.timeout = 60.0
+        #: live lines (running / done / last print) while a %%ranks cell runs: None decides by the
+        #: frontend (a notebook that names its cells), True or False always or never
+        self.progress: bool | None = None
+        self._defined: set[str] = set()     # names the cells run on these ranks bound (def, class, =)
+        self._lost: set[str] = set()        # names earlier groups had that these ranks were never given
 
     # --- start and stop ------------------------------------------------------------------------
     def start(self, world_size: int = 2, *, timeout: float = 60.0) -> LiveRanks:
@@ -126,6 +158,7 @@ class LiveRanks:
         self.stop()
         warm_parent()                       # torch._dynamo imported once here, not in every rank
         self._group = LiveGroup.start(world_size, timeout)
+        self._lost, self._defined = self._lost | self._defined, set()   # what the old ranks had
         self._finalizer = weakref.finalize(self, self._group.stop)   # at exit, or when dropped
         self.timeout = float(timeout)
         self._last_world_size = world_size
@@ -184,11 +217,24 @@ class LiveRanks:
             RankTimeout: ranks were still busy after ``timeout`` seconds (default: the group's).
         """
         __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
+        self._run(code, ranks, timeout, live=False)
+
+    def _run(self, code: str, ranks, timeout: float | None, *, live: bool) -> None:
+        __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
         if not isinstance(code, str):
             raise TypeError(f"code must be a str of Python source, got {type(code).__name__}")
         self._cells += 1
-        filename = f"{CELL_PREFIX}cell {self._cells}>"
-        self._round({r: ("exec", code, filename) for r in self._chosen(ranks)}, timeout)
+        filename = f"{CELL_PREFIX}{'check' if _checking else 'cell'} {self._cells}>"
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # for reports here
+        chosen = self._chosen(ranks)
+        try:
+            self._round({r: ("exec", code, filename) for r in chosen}, timeout, live=live)
+        except RankError as e:
+            if _checking:
+                _explain_for_a_check(e, self._lost)
+            raise
+        if not _checking:
+            self._defined |= _bound_names(code)
 
     def gather(self, expression: str, ranks: int | Iterable[int] | None = None, *,
                timeout: float | None = None) -> list:
@@ -231,13 +277,18 @@ class LiveRanks:
         self._round({r: ("push", _dumps({name: v})) for r, v in enumerate(values)}, timeout)
 
     # --- one round: send, wait, show, raise ------------------------------------------------------
-    def _round(self, messages: dict[int, tuple], timeout: float | None) -> dict[int, Any]:
+    def _round(self, messages: dict[int, tuple], timeout: float | None, *, live: bool = False) -> dict[int, Any]:
         """Send each rank its message; wait; show the output in rank order; return values or raise."""
         __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
         group = self._live()
         timeout = self.timeout if timeout is None else check_positive("timeout", timeout)
-        # 1) send; 2) wait
-        outcome = group.exchange(messages, timeout)
+        # 1) send; 2) wait (a %%ranks cell in a notebook: a live line per rank meanwhile)
+        lines = _LiveLines(group, sorted(messages)) if live and self._shows_progress() else None
+        try:
+            outcome = group.exchange(messages, timeout, progress=lines)
+        finally:
+            if lines is not None:
+                lines.close()
         # 3) still busy: where were they? then interrupt them; stop the group if that fails
         if outcome.late:
             if not outcome.interrupted_here:
@@ -249,10 +300,31 @@ class LiveRanks:
         if broken:
             self._broken(outcome)
         if outcome.interrupted_here:
-            raise KeyboardInterrupt
+            raise RanksInterrupted(
+                "ranks stopped — gc.ranks.restart() starts a fresh group (the ranks' variables are lost)"
+                if broken else f"ranks still live: {who(outcome.late or sorted(messages))} interrupted, the "
+                               "group is up and keeps its variables")
         # 5) errors fail the cell
         raise_for(outcome, sorted(messages), timeout, stopped=broken)
         return {r: reply[3] for r, reply in outcome.replies.items()}
+
+    def _shows_progress(self) -> bool:
+        """Live lines while a ``%%ranks`` cell runs: ``progress`` True/False, or None (the default):
+        only in a notebook frontend that names its cells (JupyterLab, Notebook 7, VS Code) — not
+        under nbval or nbclient, which keep every output, so a stored notebook's outputs stay the same."""
+        if self.progress is not None:
+            return bool(self.progress)
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return False
+        shell = get_ipython()
+        kernel = getattr(shell, "kernel", None)
+        try:
+            parent = kernel.get_parent("shell") if kernel is not None else {}
+        except Exception:  # noqa: BLE001 - an older ipykernel: no live lines
+            return False
+        return bool((parent or {}).get("metadata", {}).get("cellId"))
 
     def _broken(self, outcome: Outcome) -> None:
         if outcome.died:
@@ -361,7 +433,7 @@ def _ranks_magic(line: str, cell: str) -> None:
         ranks._chosen(chosen)                 # no live ranks, or a rank that does not exist
     except (ValueError, RuntimeError) as e:
         raise UsageError(str(e)) from None
-    ranks.run(cell, chosen, timeout=timeout)
+    ranks._run(cell, chosen, timeout, live=True)
 
 
 def _register_magic() -> bool:
@@ -374,6 +446,52 @@ def _register_magic() -> bool:
         return False
     shell.register_magic_function(_ranks_magic, magic_kind="cell", magic_name="ranks")
     return True
+
+
+class _LiveLines:
+    """A line per rank while a ``%%ranks`` cell runs — running (how long, its last print), done,
+    raised, died — in one display that is updated in place, and cleared when the cell ends (the
+    ordered, rank-by-rank output takes its place)."""
+
+    DELAY = 0.5      # s before the first line shows: a quick cell shows nothing but its output
+
+    def __init__(self, group: LiveGroup, chosen: list[int]):
+        import time
+
+        self.group, self.chosen, self.clock = group, chosen, time.monotonic
+        self.started, self.handle, self.text = self.clock(), None, ""
+
+    def __call__(self, busy, outcome: Outcome) -> None:
+        elapsed = self.clock() - self.started
+        if elapsed < self.DELAY:
+            return
+        lines = []
+        for r in self.chosen:
+            reply = outcome.replies.get(r)
+            if r in outcome.died:
+                state = "died"
+            elif reply is not None:
+                state = f"raised {reply[2][0]}" if reply[2] is not None else "done"
+            else:
+                state = f"running {elapsed:.0f} s"
+            last = self.group.last_line(r)
+            lines.append(f"[rank {r}] {state}" + (f" · last print: {last[:100]}" if last else ""))
+        text = "\n".join(lines)
+        if text == self.text:
+            return
+        from IPython.display import display
+
+        self.text = text
+        if self.handle is None:
+            self.handle = display({"text/plain": text}, raw=True, display_id=True)
+        else:
+            self.handle.update({"text/plain": text}, raw=True)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            from IPython.display import clear_output
+
+            clear_output()            # the magic's cell had no other output yet
 
 
 def _names(values) -> dict:
@@ -397,3 +515,62 @@ def _dumps(values: dict) -> bytes:
         raise TypeError(f"push: these values cannot be sent to the ranks ({type(e).__name__}: {e}); "
                         "send plain data, functions or classes, and create locks, files or "
                         "connections on the ranks") from None
+
+
+# --- errors of a check's code on the ranks, as a learner reads them ------------------------------------
+
+_TB_FRAME = re.compile(r'^\[ranks? [\d,]+\]   File "(?P<path><ranks [^"]*)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def _bound_names(code: str) -> set[str]:
+    """The names a cell binds at its top level (functions, classes, assignments, imports)."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return set()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _explain_for_a_check(error: RankError, lost: set[str]) -> None:
+    """Rewrite the first line of a rank's error in a check's code: which line of the learner's
+    ``%%ranks`` cell raised it, or which answer the ranks do not have (restarted ranks lose them)."""
+    text = str(error)
+    first, _, rest = text.partition("\n")
+    frames = [m for m in map(_TB_FRAME.match, rest.splitlines()) if m]
+    theirs = [m for m in frames if not m["path"].startswith(f"{CELL_PREFIX}check")]
+    missing = None
+    if not theirs and set(error.exc_types.values()) == {"NameError"}:
+        found = re.search(r"NameError: name '(\w+)' is not defined", first)
+        missing = found and found[1]
+    if missing:
+        again = ("run your %%ranks answer cell again: the new ranks do not have "
+                 f"`{missing}` (gc.ranks was restarted)" if missing in lost else
+                 f"run your %%ranks answer cell first: the ranks do not have `{missing}`")
+        first = f"{first} — {again}"
+    elif theirs:
+        last = theirs[-1]                         # the innermost frame of the learner's code
+        source = linecache.getline(last["path"], int(last["line"])).strip()
+        func = f" (in {last['func']})" if last["func"] != "<module>" else ""
+        first = (f"{first} — at line {last['line']} of your %%ranks cell {last['path']}{func}"
+                 + (f": `{source[:100]}`" if source else ""))
+    hint = _known_torch_message(text)
+    if hint:
+        first = f"{first} ({hint})"
+    error.args = (f"{first}\n{rest}" if rest else first,)
+
+
+def _known_torch_message(text: str) -> str:
+    """A learner's reading of PyTorch's internal messages that a wrong answer provokes."""
+    if "expected the hook result is a PyObject" in text:
+        return ("a communication hook's future must hold one tensor: this one held something else, "
+                "e.g. the list work.get_future() gives — take its [0] with .then(...)")
+    return ""

@@ -7,9 +7,10 @@ launch's temporary folder (see :mod:`~gpucourse.runtime.rank_process`); the pare
 from __future__ import annotations
 
 import os
+import re
 import sys
 
-__all__ = ["RankFiles", "print_grouped", "tidy_stack"]
+__all__ = ["RankFiles", "blocked_report", "blocked_summary", "position", "print_grouped", "tidy_stack"]
 
 
 class RankFiles:
@@ -76,3 +77,129 @@ def tidy_stack(text: str, machinery: str = os.path.join("gpucourse", "runtime", 
         if not skipping:
             keep.append(line)
     return "\n".join(keep).strip()
+
+
+# --- where blocked ranks are: one line a learner reads ------------------------------------------------
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
+_WRAPPERS = {"wrapper", "_wrapper", "inner", "decorated", "_fn", "fn"}
+_POINT_TO_POINT = {"send": "send", "isend": "send", "recv": "recv", "irecv": "recv"}
+
+
+def _frames(stack: str) -> list[tuple[str, int, str]]:
+    """``(path, line, function)`` of each frame of a faulthandler dump of the main thread,
+    innermost first (the first thread listed is the one that was running: "Current thread")."""
+    frames, seen_thread = [], False
+    for line in stack.splitlines():
+        if line.lstrip().startswith(("Current thread", "Thread ")):
+            if seen_thread and frames:
+                break
+            seen_thread = True
+            continue
+        m = _FRAME.match(line)
+        if m:
+            frames.append((m["path"], int(m["line"]), m["func"]))
+    return frames
+
+
+def _is_users(path: str) -> bool:
+    """A frame of the learner's code (a ``%%ranks`` cell, a notebook cell), not a library's or the course's."""
+    if path.startswith("<ranks ") or path.startswith("<ipython-input"):
+        return True
+    if path.startswith("<"):
+        return False
+    norm = path.replace("\\", "/")
+    if norm.startswith(("torch/", "numpy/", "IPython/", "ipykernel/")) or "/gpucourse/" in norm \
+            or norm.startswith("gpucourse/"):
+        return False
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p}
+    real = os.path.realpath(path)
+    return not any(real.startswith(p + os.sep) for p in prefixes)
+
+
+def _where(path: str, line: int) -> str:
+    import linecache
+
+    source = linecache.getline(path, line).strip()
+    if path.startswith("<ranks check"):
+        place = f"line {line} of the check's code"
+    elif path.startswith("<ranks "):
+        place = f"line {line} of {path}"
+    else:
+        place = f"line {line}"
+    return place + (f": `{source[:100]}`" if source else "")
+
+
+def position(stack: str) -> tuple[str | None, str]:
+    """``(operation, where)`` of one blocked rank: the ``torch.distributed`` call it waits in (None
+    when none shows) and the learner's line that made it (``line 3 of <ranks cell 2>: `dist.send(t, 1)```)."""
+    frames = _frames(stack)
+    user = next((i for i, f in enumerate(frames) if _is_users(f[0])), None)
+    inside = frames if user is None else frames[:user]
+    op = None
+    for path, _, func in reversed(inside):         # the call the learner's line made, past wrappers
+        if "torch/distributed/" in path.replace("\\", "/") and func not in _WRAPPERS and not func.startswith("<"):
+            op = func
+            break
+    if op is None and inside:
+        course = [f for p, _, f in reversed(inside) if "gpucourse/" in p.replace("\\", "/") and f not in _WRAPPERS]
+        op = course[0] if course else None
+    where = ""
+    if user is not None:
+        path, line, func = frames[user]
+        where = (f"{func}, " if func != "<module>" else "") + _where(path, line)
+        if op is None:
+            import linecache
+
+            text = linecache.getline(path, line)
+            if re.search(r"\.wait\(\s*\)", text):
+                op = "wait"
+    return op, where
+
+
+def blocked_summary(stacks: dict[int, str], chosen: list[int]) -> str:
+    """Where each blocked rank waits and, when the pattern is a known one, why — one sentence.
+
+    Example::
+
+        >>> s = 'Current thread (most recent call first):\\n  File "torch/distributed/distributed_c10d.py", line 3387 in send\\n'
+        >>> blocked_summary({0: s, 1: s}, [0, 1])
+        'rank 0 in send, rank 1 in send: both ranks send first, and each send waits for a recv the other rank never reaches'
+    """
+    positions, why = blocked_report(stacks, chosen)
+    return positions + (f": {why}" if why else "")
+
+
+def blocked_report(stacks: dict[int, str], chosen: list[int]) -> tuple[str, str]:
+    """``(where each blocked rank waits, why)``; ``why`` is ``""`` when the pattern is not a known one."""
+    if not stacks:
+        return "", ""
+    ops, parts = {}, []
+    for r in sorted(stacks):
+        op, where = position(stacks[r])
+        ops[r] = op
+        parts.append(f"rank {r} in {op or 'Python code'}" + (f" ({where})" if where else ""))
+    finished = [r for r in chosen if r not in stacks]
+    kinds = {_POINT_TO_POINT.get(op or "", op) for op in ops.values()}
+    why = ""
+    late = sorted(stacks)
+    every = ("both ranks" if len(late) == 2 and not finished else "every rank" if not finished
+             else f"ranks {','.join(map(str, late))}")
+    if kinds == {"send"}:
+        why = (f"{every} send first, and each send waits for a recv the other rank never reaches"
+               if len(late) > 1 else "its send waits for a recv that no rank posts")
+    elif kinds == {"recv"}:
+        why = (f"{every} receive first: each waits for a message no rank has sent"
+               if len(late) > 1 else "it waits for a message that no rank sends")
+    elif kinds == {"wait"}:
+        why = "every blocked rank waits for a request whose peer never posted the matching send or recv"
+    elif None not in kinds and not kinds & {"send", "recv", "wait"}:
+        names = sorted(kinds)
+        if finished:
+            left = ", ".join(map(str, finished))
+            why = (f"rank{'s' if len(finished) > 1 else ''} {left} finished without calling {names[0]}: "
+                   "a collective waits until every rank calls it") if len(names) == 1 else ""
+        elif len(names) > 1:
+            why = (f"the ranks wait in different collectives ({', '.join(names)}): every rank must "
+                   "call the same collectives in the same order")
+    return ", ".join(parts), why

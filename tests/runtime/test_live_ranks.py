@@ -18,7 +18,7 @@ import torch
 from _processes import alive, children_of, comm, listeners_of, parent_of, signal_report, wait_gone
 
 import gpucourse as gc
-from gpucourse.runtime.live_ranks import parse_magic_line
+from gpucourse.runtime.live_ranks import RanksInterrupted, parse_magic_line
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
 
@@ -175,11 +175,13 @@ def test_a_rank_error_while_a_peer_waits_in_a_collective_stops_the_group_quickly
 
 # --- nothing hangs -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("code, where", [
-    ("if rank == 0:\n    dist.barrier()", "barrier"),                    # a collective only rank 0 enters
-    ("if rank == 1:\n    dist.recv(torch.zeros(1), src=0)", "recv"),     # recv with no sender
+@pytest.mark.parametrize("code, where, why", [
+    ("if rank == 0:\n    dist.barrier()", "barrier",                    # a collective only rank 0 enters
+     "rank 1 finished without calling barrier: a collective waits until every rank calls it"),
+    ("if rank == 1:\n    dist.recv(torch.zeros(1), src=0)", "recv",     # recv with no sender
+     "it waits for a message that no rank sends"),
 ])
-def test_a_blocked_rank_raises_rank_timeout_naming_it_and_the_group_restarts(code, where):
+def test_a_blocked_rank_raises_rank_timeout_naming_it_and_the_group_restarts(code, where, why):
     with gc.LiveRanks().start(2) as g:
         g.run("kept = rank")
         pids = g.pids
@@ -191,11 +193,31 @@ def test_a_blocked_rank_raises_rank_timeout_naming_it_and_the_group_restarts(cod
         assert f"rank {blocked} still busy after 2 s (the others had finished)" in str(e)
         assert f"in {where}" in e.stacks[blocked] and "<ranks cell 2>" in e.stacks[blocked]
         assert 'File "torch/distributed/' in e.stacks[blocked] and "0x" not in e.stacks[blocked]
+        source = code.splitlines()[1].strip()
+        assert e.blocked == f"rank {blocked} in {where} (line 2 of <ranks cell 2>: `{source}`): {why}"
+        assert f". Blocked: {e.blocked}. " in str(e).splitlines()[0]
         assert not g.running and not wait_gone(pids, 5)
         g.restart()                                          # a fresh group, variables gone
         assert g.gather("rank") == [0, 1]
         with pytest.raises(gc.RankError, match="NameError"):
             g.run("kept")
+
+
+def test_a_deadlock_says_where_each_rank_waits_and_why():
+    # both ranks send first: each send waits for a recv the other never reaches (gloo, 4 kB)
+    with gc.LiveRanks().start(2) as g:
+        g.run("def exchange(t):\n    dist.send(t, 1 - rank)\n    dist.recv(t, 1 - rank)\n    return t")
+        started = time.monotonic()
+        with pytest.raises(gc.RankTimeout) as info:
+            g.run("exchange(torch.ones(1000))", timeout=2)
+        assert time.monotonic() - started < 2 + 5
+        e = info.value
+        at = "(exchange, line 2 of <ranks cell 1>: `dist.send(t, 1 - rank)`)"
+        assert e.blocked == (f"rank 0 in send {at}, rank 1 in send {at}: both ranks send first, and each "
+                             "send waits for a recv the other rank never reaches")
+        first = str(e).splitlines()[0]
+        assert first.startswith(f"ranks 0,1 still busy after 2 s. Blocked: {e.blocked}. A rank blocked")
+        assert "Usual causes" not in first             # the cause is known: no list of guesses
 
 
 def test_a_busy_python_loop_is_interrupted_and_the_group_lives_on():
@@ -222,8 +244,12 @@ def test_ctrl_c_in_the_kernel_interrupts_the_busy_ranks(code, survives):
         started = time.monotonic()
         try:
             g.run(code, timeout=60)
-        except KeyboardInterrupt:                  # not the sleep's end, not a RankTimeout
-            pass
+        except KeyboardInterrupt as e:             # not the sleep's end, not a RankTimeout
+            # and not a bare KeyboardInterrupt: it says whether the ranks survived it
+            assert isinstance(e, RanksInterrupted)
+            assert str(e).startswith("ranks still live: rank" if survives else
+                                     "ranks stopped — gc.ranks.restart()"), str(e)
+            assert "KeyboardInterrupt" in e._render_traceback_()[0] and str(e) in e._render_traceback_()[0]
         except Exception as e:
             pytest.fail(f"{type(e).__name__}, not KeyboardInterrupt, after "
                         f"{time.monotonic() - started:.1f} s: {e}\n{signal_report(os.getpid())}")

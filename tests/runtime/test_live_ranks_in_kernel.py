@@ -184,3 +184,62 @@ def test_ranks_magic_is_known_after_import_in_a_fresh_kernel(kernel):
     status, out = kernel.run("gc.start_ranks(2)\n")
     assert status == "ok", out
     assert kernel.run("%%ranks\nprint(rank)") == ("ok", [("stdout", "[rank 0] 0\n[rank 1] 1\n")])
+
+
+def _execute_as_jupyterlab(kernel, code: str, timeout: float = 60) -> list[tuple]:
+    """Run a cell the way JupyterLab sends it (its execute_request names the cell: ``cellId``);
+    every iopub message of it, in order, as ``(type, content)``."""
+    import time
+
+    client = kernel.client
+    msg = client.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
+                                                 "user_expressions": {}, "allow_stdin": False,
+                                                 "stop_on_error": True},
+                             metadata={"cellId": "a1b2c3", "deletedCells": [], "recordTiming": False})
+    client.shell_channel.send(msg)
+    messages, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if m["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+            continue
+        if m["msg_type"] == "status" and m["content"]["execution_state"] == "idle":
+            return messages
+        if m["msg_type"] not in ("status", "execute_input"):
+            messages.append((m["msg_type"], m["content"]))
+    raise AssertionError(f"the cell did not end within {timeout} s: {messages}")
+
+
+def test_a_ranks_cell_shows_each_rank_live_then_its_ordered_output(kernel):
+    """While a %%ranks cell runs, a notebook shows a line per rank (running, done, its last print),
+    updated in place; when the cell ends it is cleared and the rank-by-rank output takes its place.
+    A frontend that keeps every output (nbval, nbclient: no cellId) gets the ordered output only."""
+    assert kernel.run("import gpucourse as gc\ngc.start_ranks(2);")[0] == "ok"
+    code = ("%%ranks\nimport time\nprint('loading', flush=True)\n"
+            "time.sleep(0.2 if rank == 0 else 2.5)\nprint('ready', rank)")
+    messages = _execute_as_jupyterlab(kernel, code)
+    kinds = [kind for kind, _ in messages]
+    assert kinds[0] == "display_data" and "clear_output" in kinds, kinds
+    live = [c["data"]["text/plain"] for kind, c in messages if kind in ("display_data", "update_display_data")]
+    assert any("[rank 0] done" in text and "[rank 1] running" in text and "last print: loading" in text
+               for text in live), live
+    ids = {c["transient"]["display_id"] for kind, c in messages if kind in ("display_data", "update_display_data")}
+    assert len(ids) == 1                                     # one display, updated in place
+    after = kinds[kinds.index("clear_output") + 1:]
+    assert set(after) == {"stream"} and "display_data" not in after
+    text = "".join(c["text"] for kind, c in messages[kinds.index("clear_output"):] if kind == "stream")
+    assert text == "[rank 0] loading\n[rank 0] ready 0\n[rank 1] loading\n[rank 1] ready 1\n"
+    # without a cellId (nbval, nbclient): the ordered output only, as the notebook stores it
+    status, out = kernel.run(code)
+    assert (status, out) == ("ok", [("stdout", text)])
+    # Kernel → Interrupt during a %%ranks cell: not a bare KeyboardInterrupt, but what became of the ranks
+    import threading
+
+    timer = threading.Timer(1.5, kernel.km.interrupt_kernel)
+    timer.start()
+    messages = _execute_as_jupyterlab(kernel, "%%ranks\nimport time\ntime.sleep(30)")
+    timer.join()
+    (error,) = [c for kind, c in messages if kind == "error"]
+    shown = "\n".join(error["traceback"])
+    assert "KeyboardInterrupt" in shown and "ranks still live: ranks 0,1 interrupted" in shown, shown
+    assert "live_ranks.py" not in shown, shown
+    assert kernel.run("gc.ranks.gather('rank')") == ("ok", [("execute_result", "[0, 1]")])
