@@ -1,7 +1,9 @@
 """Chapter 02: plausible wrong answers its checks must reject (see ``_mutations.py``).
 
 Ported from the old suites (tests/grading/test_hidden_checks.py, WRONG_ANSWERS): 02.1 "math.ceil of a
-float", 02.2 "slicing wrong for dim < 0", 02.3 "always a tuple" — all still hidden-only. The old 02.4
+float", 02.2 "slicing wrong for dim < 0", 02.3 "always a tuple" — all VISIBLE now: the edges the
+exercises name (batches beyond 2**53, negative dims, lists and None, fp16 autocast, several failing
+modules) are in the visible checks (issue 38), and the hidden checks add sizes and randomness only. The old 02.4
 (a DataParallel forward from gc.scatter/replicate/parallel_apply/gather) was printed by lesson 02 §3-4
 and is replaced by a transfer (threads that carry the caller's grad mode and autocast state); its
 old wrong answer "torch.cat instead of gather" lives on as 02.3's "a tuple output gathered by
@@ -72,6 +74,12 @@ step = -(-batch_size // num_devices)
 return [step] * len(range(0, batch_size, step))
 """,
         "calls the forbidden helper": "return gc.chunk_sizes_of(batch_size, num_devices)",
+        "math.ceil of a float": """\
+import math
+step = math.ceil(batch_size / num_devices)
+return [min(step, batch_size - start) for start in range(0, batch_size, step)]
+""",
+        "torch.chunk on an arange": "return [len(c) for c in torch.arange(batch_size).chunk(num_devices)]",
     },
     "02.2": {
         "keeps the empty pieces": """\
@@ -94,6 +102,17 @@ return [p for p in torch.split(x, list(chunk_sizes), dim=dim) if p.shape[dim] > 
 if sum(chunk_sizes) != x.shape[dim]:
     raise ValueError(chunk_sizes)
 return gc.scatter(x, [f"cpu:{i}" for i in range(len(chunk_sizes))], chunk_sizes=list(chunk_sizes), dim=dim)
+""",
+        "slicing wrong for dim < 0": """\
+if sum(chunk_sizes) != x.shape[dim]:
+    raise ValueError(f"chunk sizes {chunk_sizes} do not add up to {x.shape[dim]}")
+pieces, start = [], 0
+for size in chunk_sizes:
+    if size:
+        index = [slice(None)] * dim + [slice(start, start + size)]   # wrong for dim < 0
+        pieces.append(x[tuple(index)])
+    start += size
+return pieces
 """,
     },
     "02.3": {
@@ -138,6 +157,14 @@ if isinstance(first, dict):
 return torch.cat([torch.cat(list(parts), dim=dim) for parts in zip(*outputs)], dim=dim)
 """,
         "calls the forbidden helper": "return gc.gather(outputs, 'cpu:0', dim=dim)",
+        "always a tuple": """\
+first = outputs[0]
+if isinstance(first, torch.Tensor):
+    return torch.stack(list(outputs)) if first.dim() == 0 else torch.cat(list(outputs), dim=dim)
+if isinstance(first, dict):
+    return {key: gather_outputs([o[key] for o in outputs], dim) for key in first}
+return tuple(gather_outputs(list(parts), dim) for parts in zip(*outputs))
+""",
     },
     "02.4": {
         "serial, in the caller": "return [m(x) for m, x in zip(modules, inputs)]",
@@ -146,6 +173,9 @@ return torch.cat([torch.cat(list(parts), dim=dim) for parts in zip(*outputs)], d
         "autocast not carried": _apply(context="with torch.set_grad_enabled(grad):"),
         "exceptions swallowed": _apply(reraise=""),
         "calls the forbidden helper": "return gc.parallel_apply(modules, [(x,) for x in inputs], [f'cpu:{k}' for k in range(len(modules))])",
+        "autocast flag only, not its dtype": _apply(
+            context='with torch.set_grad_enabled(grad), torch.autocast("cpu", enabled=cast):'),
+        "re-raises the last failure": _apply(reraise="for e in reversed(errors):\n    if e is not None:\n        raise e"),
     },
     "02.5": {
         "forgets the optimizer state": _resident(device0="2 * param_bytes + batch * row_bytes"),
@@ -158,49 +188,52 @@ return torch.cat([torch.cat(list(parts), dim=dim) for parts in zip(*outputs)], d
         "the even split": _resident(
             chunks="chunks = [c for c in [batch // num_devices + (k < batch % num_devices) for k in range(num_devices)] if c]"),
         "gradients on every device": _resident(other="chunks[k] * row_bytes + 2 * param_bytes"),
+        "math.ceil of a float": _resident(chunks="import math\nstep = math.ceil(batch / num_devices)\n"
+                                                 "chunks = [min(step, batch - start) for start in range(0, batch, step)]"),
     },
 }
 
 HIDDEN = {
     "02.1": {
-        "math.ceil of a float": """\
-import math
-step = math.ceil(batch_size / num_devices)
+        "int64 tensors (overflow past 2**63)": """\
+b = torch.tensor(batch_size)                    # int64: exact integer arithmetic
+step = int((b + num_devices - 1) // num_devices)
 return [min(step, batch_size - start) for start in range(0, batch_size, step)]
 """,
-        "torch.chunk on an arange": "return [len(c) for c in torch.arange(batch_size).chunk(num_devices)]",
     },
     "02.2": {
-        "slicing wrong for dim < 0": """\
+        "negative dims counted from 3 dimensions": """\
+if dim < 0:
+    dim += 3                                    # the check's tensors are 3-D
 if sum(chunk_sizes) != x.shape[dim]:
     raise ValueError(f"chunk sizes {chunk_sizes} do not add up to {x.shape[dim]}")
-pieces, start = [], 0
-for size in chunk_sizes:
-    if size:
-        index = [slice(None)] * dim + [slice(start, start + size)]   # wrong for dim < 0
-        pieces.append(x[tuple(index)])
-    start += size
-return pieces
+return [p for p in torch.split(x, list(chunk_sizes), dim=dim) if p.shape[dim] > 0]
 """,
     },
     "02.3": {
-        "always a tuple": """\
+        "negative dims counted as if every output were 2-D": """\
+if dim < 0:
+    dim += 2
 first = outputs[0]
+if first is None:
+    return None
 if isinstance(first, torch.Tensor):
     return torch.stack(list(outputs)) if first.dim() == 0 else torch.cat(list(outputs), dim=dim)
 if isinstance(first, dict):
     return {key: gather_outputs([o[key] for o in outputs], dim) for key in first}
-return tuple(gather_outputs(list(parts), dim) for parts in zip(*outputs))
+return type(first)(gather_outputs(list(parts), dim) for parts in zip(*outputs))
 """,
     },
     "02.4": {
-        "autocast flag only, not its dtype": _apply(
-            context='with torch.set_grad_enabled(grad), torch.autocast("cpu", enabled=cast):'),
-        "re-raises the last failure": _apply(reraise="for e in reversed(errors):\n    if e is not None:\n        raise e"),
+        "outputs kept in 4 slots (the check's largest)": _apply().replace(
+            "outputs, errors = [None] * len(modules), [None] * len(modules)",
+            "outputs, errors = [None] * 4, [None] * len(modules)").replace(
+            "return outputs", "return outputs[:len(modules)]"),
     },
     "02.5": {
-        "math.ceil of a float": _resident(chunks="import math\nstep = math.ceil(batch / num_devices)\n"
-                                                 "chunks = [min(step, batch - start) for start in range(0, batch, step)]"),
+        "int64 tensors (overflow past 2**63)": _resident(chunks="b = torch.tensor(batch)                          # int64: exact integers\n"
+                                                                "step = int((b + num_devices - 1) // num_devices)\n"
+                                                                "chunks = [min(step, batch - start) for start in range(0, batch, step)]"),
     },
 }
 

@@ -7,6 +7,11 @@ Ported from the old suites: 03.1 "constant", "mean, as DDP", "off-by-one" (test_
 the old 03.4 (balanced scatter) is now 03.3, and its "keyword arguments dropped" (test_hidden_checks)
 is caught by the visible check, since the text now says tensor keyword arguments are split (as
 lesson 02 §4 and gc.BalancedDataParallel do) and the visible check passes a keyword argument.
+Every edge the exercises name (a .grad already set, a layer no replica uses, the replicas left
+untouched; unequal devices; tensor keyword arguments, the batch along dim 1, one row; device 0 the
+lighter, rows for free, ties) is in the visible checks, so those wrong answers are VISIBLE now
+(issue 38). The hidden checks add sizes only (more devices, larger batches): their wrong answers are
+answers fitted to the visible checks' sizes.
 """
 
 from _mutations import chapter_tests
@@ -96,43 +101,6 @@ for i, param in enumerate(model.parameters()):
 return model
 """,
         "forgets to return the model": _reduce().replace("return model", "return None"),
-    },
-    "03.2": {
-        "constant": "return [batch_size] + [0] * (len(sec_per_row) - 1)",
-        "least busy now": _greedy(key="finish[d]"),
-        "off-by-one: the last row to device 0": _greedy(count="batch_size - 1", tail="rows[0] += 1 if batch_size else 0\n"),
-        "ignores device 0's overhead": _greedy(start="0.0"),
-        "rows in proportion to speed": """\
-n = len(sec_per_row)
-speed = [1 / p for p in sec_per_row]
-rows = [int(batch_size * s / sum(speed)) for s in speed]
-rows[0] += batch_size - sum(rows)
-return rows
-""",
-    },
-    "03.3": {
-        "DataParallel's even split": "return super().scatter(inputs, kwargs, device_ids)",
-        "the parent's device list (the first devices)": _scatter(used="device_ids[:sum(1 for s in sizes if s > 0)]"),
-        "keyword arguments dropped": _scatter(kwargs="kwargs_per_device = [{} for _ in used]"),
-        "gpu0_bsz rows to the last device": _scatter(
-            sizes="gc.balanced_chunk_sizes(batch, self.gpu0_bsz, len(device_ids))[::-1]"),
-        "calls the forbidden helper": "return gc.BalancedDataParallel.scatter(self, inputs, kwargs, device_ids)",
-    },
-    "03.4": {
-        "smallest on a tie": _choose(choice="min(range(batch_size + 1), key=peak)"),
-        "device 0's memory only": _choose(peak="fixed0 + per_row * sizes[0]"),
-        "ignores the fixed costs": _choose(peak="max(per_row * s for s in sizes)"),
-        "solves the balance equation and rounds": """\
-g = (fixed_other - fixed0 + per_row * batch_size / (num_devices - 1)) / (per_row * (1 + 1 / (num_devices - 1)))
-return max(0, min(batch_size, round(g)))
-""",
-        "the average of the others, not their largest": _choose(
-            peak="max(fixed0 + per_row * sizes[0], fixed_other + per_row * sum(sizes[1:]) / (num_devices - 1))"),
-    },
-}
-
-HIDDEN = {
-    "03.1": {
         "overwrites an earlier step's gradient": """\
 for i, param in enumerate(model.parameters()):
     grads = [list(r.parameters())[i].grad for r in replicas]
@@ -146,6 +114,17 @@ return model
                    "        else:\n            param.grad += grad"),
     },
     "03.2": {
+        "constant": "return [batch_size] + [0] * (len(sec_per_row) - 1)",
+        "least busy now": _greedy(key="finish[d]"),
+        "off-by-one: the last row to device 0": _greedy(count="batch_size - 1", tail="rows[0] += 1 if batch_size else 0\n"),
+        "ignores device 0's overhead": _greedy(start="0.0"),
+        "rows in proportion to speed": """\
+n = len(sec_per_row)
+speed = [1 / p for p in sec_per_row]
+rows = [int(batch_size * s / sum(speed)) for s in speed]
+rows[0] += batch_size - sum(rows)
+return rows
+""",
         "gpu0_bsz + an even rest only": """\
 n = len(sec_per_row)
 if batch_size == 0:
@@ -156,11 +135,49 @@ return min((gc.balanced_chunk_sizes(batch_size, g, n) for g in range(batch_size 
 """,
     },
     "03.3": {
+        "DataParallel's even split": "return super().scatter(inputs, kwargs, device_ids)",
+        "the parent's device list (the first devices)": _scatter(used="device_ids[:sum(1 for s in sizes if s > 0)]"),
+        "keyword arguments dropped": _scatter(kwargs="kwargs_per_device = [{} for _ in used]"),
+        "gpu0_bsz rows to the last device": _scatter(
+            sizes="gc.balanced_chunk_sizes(batch, self.gpu0_bsz, len(device_ids))[::-1]"),
+        "calls the forbidden helper": "return gc.BalancedDataParallel.scatter(self, inputs, kwargs, device_ids)",
         "tensor keyword arguments passed whole": _scatter(kwargs="kwargs_per_device = [dict(kwargs) for _ in used]"),
         "always along dim 0": _scatter(dim="0"),
     },
     "03.4": {
+        "smallest on a tie": _choose(choice="min(range(batch_size + 1), key=peak)"),
+        "device 0's memory only": _choose(peak="fixed0 + per_row * sizes[0]"),
+        "ignores the fixed costs": _choose(peak="max(per_row * s for s in sizes)"),
+        "solves the balance equation and rounds": """\
+g = (fixed_other - fixed0 + per_row * batch_size / (num_devices - 1)) / (per_row * (1 + 1 / (num_devices - 1)))
+return max(0, min(batch_size, round(g)))
+""",
+        "the average of the others, not their largest": _choose(
+            peak="max(fixed0 + per_row * sizes[0], fixed_other + per_row * sum(sizes[1:]) / (num_devices - 1))"),
         "off-by-one: never batch_size": _choose(choice="min(range(batch_size), key=lambda g: (peak(g), -g))"),
+    },
+}
+
+HIDDEN = {
+    "03.1": {
+        "only the first four replicas (the check's most)": _reduce(replicas="replicas[:4]"),
+    },
+    "03.2": {
+        "lists for four devices (the check's most)": """\
+rows, finish = [0] * 4, [overhead0, 0.0, 0.0, 0.0]
+for _ in range(batch_size):
+    k = min(range(len(sec_per_row)), key=lambda d: finish[d] + sec_per_row[d])
+    rows[k] += 1
+    finish[k] += sec_per_row[k]
+return rows[:len(sec_per_row)]
+""",
+    },
+    "03.3": {
+        "the devices cut to the check's four": "device_ids = list(device_ids)[:4]\n" + _scatter(),
+    },
+    "03.4": {
+        "gpu0_bsz searched up to 64 (the check's largest batch)": _choose(
+            choice="min(range(min(batch_size, 64) + 1), key=lambda g: (peak(g), -g))"),
     },
 }
 

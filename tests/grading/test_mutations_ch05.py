@@ -1,4 +1,12 @@
-"""Chapter 05: plausible wrong answers its checks must reject (see ``_mutations.py``)."""
+"""Chapter 05: plausible wrong answers its checks must reject (see ``_mutations.py``).
+
+Every edge the exercises name — machines that run no process, node lists with ranges and several
+groups, the collective on either rank, sizes near 64 GiB and an even number of repeats, clusters that
+are not square, one process, an empty tensor, an unknown collective — is in the visible checks, so
+the wrong answers that miss one are VISIBLE (issue 38). The hidden checks add sizes and randomness
+only (larger clusters, random node lists, 3 ranks, random message sizes, any port, thousands of
+processes); their wrong answers are ones that only those expose.
+"""
 
 from _mutations import chapter_tests
 
@@ -122,6 +130,15 @@ for count in gpus_per_node:
     first += count
 return first, table
 """,
+        "machines without processes dropped": """\
+rows = {}
+rank = 0
+for node, n in enumerate(gpus_per_node):
+    for local in range(n):
+        rows.setdefault(node, []).append(rank)
+        rank += 1
+return rank, [rows[node] for node in sorted(rows)]
+""",
     },
     "05.2": {
         "the port as a string": SLURM_CHECK + SLURM_ADDR + """\
@@ -142,6 +159,14 @@ if any(k not in environ for k in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS
     raise ValueError("not a complete SLURM environment")
 """ + SLURM_ADDR + SLURM_PORT + SLURM_TAIL,
         "calls the forbidden helper": "return gc.dist_env_from(environ)",
+        # ported from test_hidden_checks.py WRONG_ANSWERS["05.2"]: "prefix[a,b,...]" -> prefix + a
+        "the node list cut at the bracket": SLURM_CHECK + """\
+if "MASTER_ADDR" in environ:
+    addr = environ["MASTER_ADDR"]
+else:
+    prefix, _, rest = environ["SLURM_JOB_NODELIST"].partition("[")
+    addr = prefix + rest.split(",")[0].rstrip("]")
+""" + SLURM_PORT + SLURM_TAIL,
     },
     "05.3": {
         # ported from test_visible_checks.py VISIBLE_WRONG["05.3"]: the rendezvous that never completes is missed
@@ -158,6 +183,7 @@ return ("ok", None)
         "the rank under `if rank == 0`": DIAGNOSE.format(rank="0", same_order=EVERY_EPOCH_SAME),
         "set_epoch read as ranks seeing the same samples": DIAGNOSE.format(
             rank="err.rank", same_order="any(results[0][e] == results[1][e] for e in range(len(results[0])))"),
+        "the collective on the last rank": DIAGNOSE.format(rank="world_size - 1", same_order=EVERY_EPOCH_SAME),
     },
     "05.4": {
         # ported from test_visible_checks.py VISIBLE_WRONG["05.4"]: a round trip counted as one message
@@ -180,6 +206,13 @@ return beta, mean_t - beta * mean_n
 link = gc.fit_alpha_beta(sizes, times)
 return link.alpha, link.beta
 """],
+        "the textbook sums, uncentered": [None, """\
+n = len(sizes)
+sx, sy = sum(sizes), sum(times)
+sxx, sxy = sum(x * x for x in sizes), sum(x * y for x, y in zip(sizes, times))
+beta = (n * sxy - sx * sy) / (n * sxx - sx * sx)
+return (sy - beta * sx) / n, beta
+"""],
     },
     "05.5": {
         # ported from test_visible_checks.py VISIBLE_WRONG["05.5"]: the world size in LOCAL_WORLD_SIZE
@@ -200,6 +233,7 @@ return {"MASTER_ADDR": node_addrs[0], "MASTER_PORT": str(master_port),
         "RANK": str(node_rank * nproc_per_node + local_rank), "WORLD_SIZE": str(nnodes * nproc_per_node),
         "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(nproc_per_node)}
 """,
+        "RANK counted with the number of machines": ENV.format(**{**RIGHT_ENV, "rank": "node_rank * len(node_addrs) + local_rank"}),
     },
     "05.6": {
         "the all-reduce's time for all three": COLLECTIVE.format(body="return 2 * (p - 1) * (alpha + beta * nbytes / p)"),
@@ -215,52 +249,52 @@ return {"MASTER_ADDR": node_addrs[0], "MASTER_PORT": str(master_port),
         "calls the forbidden helper": COLLECTIVE.format(
             body="h = {'all_reduce': 2, 'reduce_scatter': 1, 'all_gather': 1}[kind]\n"
                  "return gc.ring_all_reduce_time(nbytes, p, alpha, beta) * h / 2"),
-    },
-}
-
-HIDDEN = {
-    "05.1": {
-        "machines without processes dropped": """\
-rows = {}
-rank = 0
-for node, n in enumerate(gpus_per_node):
-    for local in range(n):
-        rows.setdefault(node, []).append(rank)
-        rank += 1
-return rank, [rows[node] for node in sorted(rows)]
-""",
-    },
-    "05.2": {
-        # ported from test_hidden_checks.py WRONG_ANSWERS["05.2"]: "prefix[a,b,...]" -> prefix + a
-        "the node list cut at the bracket": SLURM_CHECK + """\
-if "MASTER_ADDR" in environ:
-    addr = environ["MASTER_ADDR"]
-else:
-    prefix, _, rest = environ["SLURM_JOB_NODELIST"].partition("[")
-    addr = prefix + rest.split(",")[0].rstrip("]")
-""" + SLURM_PORT + SLURM_TAIL,
-    },
-    "05.3": {
-        "the collective on the last rank": DIAGNOSE.format(rank="world_size - 1", same_order=EVERY_EPOCH_SAME),
-    },
-    "05.4": {
-        "the textbook sums, uncentered": [None, """\
-n = len(sizes)
-sx, sy = sum(sizes), sum(times)
-sxx, sxy = sum(x * x for x in sizes), sum(x * y for x, y in zip(sizes, times))
-beta = (n * sxy - sx * sy) / (n * sxx - sx * sx)
-return (sy - beta * sx) / n, beta
-"""],
-    },
-    "05.5": {
-        "RANK counted with the number of machines": ENV.format(**{**RIGHT_ENV, "rank": "node_rank * len(node_addrs) + local_rank"}),
-    },
-    "05.6": {
         "no check of the kind": """\
 p = world_size
 rounds = 2 * (p - 1) if kind == "all_reduce" else p - 1
 return rounds * (alpha + beta * nbytes / p)
 """,
+    },
+}
+
+HIDDEN = {
+    "05.1": {
+        "machines capped at 8 processes (a DGX's 8 GPUs)": """\
+table, rank = [], 0
+for n in gpus_per_node:
+    n = min(n, 8)                               # no machine has more than 8 GPUs
+    table.append(list(range(rank, rank + n)))
+    rank += n
+return rank, table
+""",
+    },
+    "05.2": {
+        "a list or a range, not a list with ranges": SLURM_CHECK + """\
+if "MASTER_ADDR" in environ:
+    addr = environ["MASTER_ADDR"]
+else:
+    import re
+    first = re.match(r"[^,\\[]+(\\[[^\\]]*\\])?", environ["SLURM_JOB_NODELIST"]).group(0)
+    prefix, _, rest = first.partition("[")
+    rest = rest.rstrip("]")
+    addr = prefix + (rest.split("-")[0] if "-" in rest else rest.split(",")[0])
+""" + SLURM_PORT + SLURM_TAIL,
+    },
+    "05.3": {
+        "always launched on 2 ranks": DIAGNOSE.format(rank="err.rank", same_order=EVERY_EPOCH_SAME).replace(
+            "gc.launch(program, world_size,", "gc.launch(program, 2,"),
+    },
+    "05.4": {
+        "n bytes sent as float32 elements": [PING.format(**RIGHT_PING).replace(
+            "torch.empty(n, dtype=torch.uint8)", "torch.empty(n // 4, dtype=torch.float32)"), None],
+    },
+    "05.5": {
+        "the port zero-padded to 5 digits": ENV.format(**RIGHT_ENV).replace("str(master_port)", 'f"{master_port:05d}"'),
+    },
+    "05.6": {
+        "a 32-bit byte count (overflows past 2 GiB)": COLLECTIVE.format(
+            body="n = int(torch.tensor(nbytes, dtype=torch.int32))\n"
+                 "rounds = 2 * (p - 1) if kind == 'all_reduce' else p - 1\nreturn rounds * (alpha + beta * n / p)"),
     },
 }
 

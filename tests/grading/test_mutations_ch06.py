@@ -1,4 +1,11 @@
-"""Chapter 06: plausible wrong answers its checks must reject (see ``_mutations.py``)."""
+"""Chapter 06: plausible wrong answers its checks must reject (see ``_mutations.py``).
+
+Every edge the exercises name — growing exactly to the float32 maximum, every parameter group and a
+parameter without gradient, a micro-batch that overflows, 2 exponent bits and 1 mantissa bit — is in
+the visible checks, so the wrong answers that miss one are VISIBLE (issue 38). The hidden checks add
+sizes and randomness only (longer runs and growth intervals, parameters in random orders, more
+micro-batches, up to 52 mantissa bits); their wrong answers are fitted to the visible checks' sizes.
+"""
 
 from _mutations import chapter_tests
 
@@ -85,6 +92,8 @@ return scale, growth_tracker
         "calls the forbidden helper": "return gc.update_scale(scale, growth_tracker, found_inf, "
                                       "growth_factor=growth_factor, backoff_factor=backoff_factor, "
                                       "growth_interval=growth_interval)",
+        # ported from test_hidden_checks.py WRONG_ANSWERS["06.1"]: the float32 maximum itself is finite
+        "off by one at the float32 maximum": SCALE.format(**{**RIGHT_SCALE, "cap": "grown < torch.finfo(torch.float32).max"}),
     },
     "06.2": {
         "never skips": UNSCALE.format(**{**RIGHT_UNSCALE, "step_when": "True"}),
@@ -115,6 +124,17 @@ with torch.no_grad():
         g.mul_(1.0 / scale)
 optimizer.step()
 return True
+""",
+        # ported from test_hidden_checks.py WRONG_ANSWERS["06.2"]: only the first parameter group
+        "only the first parameter group": """\
+finite = True
+with torch.no_grad():
+    for p in optimizer.param_groups[0]["params"]:
+        finite &= bool(torch.isfinite(p.grad).all())
+        p.grad.mul_(1.0 / scale)
+if finite:
+    optimizer.step()
+return finite
 """,
     },
     "06.3": {
@@ -173,6 +193,8 @@ return float(norm)
 """,
         "no update": STEP.format(**RIGHT_STEP).replace("scaler.update()\n", ""),
         "the norm as a tensor": STEP.format(**RIGHT_STEP).replace("return float(norm)", "return norm"),
+        # ported from test_hidden_checks.py WRONG_ANSWERS["06.3"]: unscaled, so "step directly"
+        "optimizer.step() directly": STEP.format(**{**RIGHT_STEP, "step": "optimizer.step()"}),
     },
     "06.4": {
         "no mantissa in the maximum": LIMITS.format(**{**RIGHT_LIMITS, "largest": "2.0 ** bias"}),
@@ -189,32 +211,6 @@ f = gc.FloatFormat("x", e, m)
 return {"max": f.max, "smallest_normal": f.smallest_normal, "smallest_subnormal": f.smallest_subnormal,
         "eps": f.eps}
 """,
-    },
-}
-
-HIDDEN = {
-    "06.1": {
-        # ported from test_hidden_checks.py WRONG_ANSWERS["06.1"]: the float32 maximum itself is finite
-        "off by one at the float32 maximum": SCALE.format(**{**RIGHT_SCALE, "cap": "grown < torch.finfo(torch.float32).max"}),
-    },
-    "06.2": {
-        # ported from test_hidden_checks.py WRONG_ANSWERS["06.2"]: only the first parameter group
-        "only the first parameter group": """\
-finite = True
-with torch.no_grad():
-    for p in optimizer.param_groups[0]["params"]:
-        finite &= bool(torch.isfinite(p.grad).all())
-        p.grad.mul_(1.0 / scale)
-if finite:
-    optimizer.step()
-return finite
-""",
-    },
-    "06.3": {
-        # ported from test_hidden_checks.py WRONG_ANSWERS["06.3"]: unscaled, so "step directly"
-        "optimizer.step() directly": STEP.format(**{**RIGHT_STEP, "step": "optimizer.step()"}),
-    },
-    "06.4": {
         # ported from test_hidden_checks.py WRONG_ANSWERS["06.4"]: ints where the exponent is >= 0
         "ints from integer powers": """\
 bias = 2 ** (e - 1) - 1
@@ -223,6 +219,24 @@ largest = (2 - 2 ** ((1 if finite else 0) - m)) * 2 ** top
 return {"max": largest, "smallest_normal": 2 ** (1 - bias), "smallest_subnormal": 2 ** (1 - bias - m),
         "eps": 2 ** -m}
 """,
+    },
+}
+
+HIDDEN = {
+    "06.1": {
+        "growth_interval capped at 5 (the check's largest)": SCALE.format(**RIGHT_SCALE).replace(
+            "growth_tracker == growth_interval", "growth_tracker == min(growth_interval, 5)"),
+    },
+    "06.2": {
+        "stops at the first parameter without a gradient": UNSCALE.format(**RIGHT_UNSCALE).replace(
+            "continue", "break"),
+    },
+    "06.3": {
+        "the loss divided by at most 4 micro-batches (the check's most)": STEP.format(
+            **{**RIGHT_STEP, "divide": " / min(len(micro_batches), 4)"}),
+    },
+    "06.4": {
+        "mantissa bits capped at 40 (the check's most)": "m = min(m, 40)\n" + LIMITS.format(**RIGHT_LIMITS),
     },
 }
 
