@@ -127,4 +127,4 @@ def _load_and_consolidate(rank, world_size, model_state, state):
     opt = gc.ZeroOptimizer(groups(model), torch.optim.AdamW, lr=0.5)
     opt.load_state_dict(state)
     opt.consolidate_state_dict(to=0)
-    return opt.state_dict()
+    return opt.state_dict() if rank == 0 else None          # the whole state, on rank 0 only
