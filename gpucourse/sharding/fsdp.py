@@ -101,7 +101,8 @@ class _Unit:
                 flat[off:off + p.numel()] = p.reshape(-1)
         if world_size > 1:
             dist.broadcast(flat, root_rank, group=group)       # every rank starts from rank 0's values
-        self.shard = nn.Parameter(flat.view(world_size, -1)[rank].clone(), requires_grad=self.trainable)  # (S,)
+        self.shard = _FlatShard(flat.view(world_size, -1)[rank].clone(), requires_grad=self.trainable)  # (S,)
+        self.shard._holds = f"unit {path!r} ({', '.join(self.names[:4])}{' …' if len(self.names) > 4 else ''})"
         self.compute_dtype = param_dtype or self.shard.dtype      # the shard stays the master copy
         self.full = None                    # the gathered (N·S,) buffer while it is needed
         for owner, leaf in (o for owners in self.owners for o in owners):
@@ -143,6 +144,41 @@ class _Unit:
         self.full = None
         for owner, leaf in (o for owners in self.owners for o in owners):
             setattr(owner, leaf, None)
+
+
+class _FlatShard(nn.Parameter):
+    """A unit's shard: one flat 1-D slice of *all* the unit's parameters (a Linear's weight and bias).
+
+    Its ``dim()`` (``ndim``, ``ndimension()``) raises instead of answering 1: the usual weight-decay
+    grouping ``[p for p in model.parameters() if p.dim() >= 2]`` would put every shard in the
+    no-decay group and silently train without weight decay (FSDP2 keeps each parameter's shape and
+    decays its matrices). Everything else — optimizers, ``numel()``, ``shape`` — works as on a 1-D
+    parameter.
+    """
+
+    _holds = "a unit"
+
+    def _refuse(self, what: str):
+        raise RuntimeError(
+            f"{what} of a gc.FullyShardedModule parameter: each one is a flat 1-D shard of a whole unit's "
+            f"parameters — this one holds {self._holds} — so p.dim() cannot tell a weight matrix from a bias, "
+            "and parameter groups built from it (weight decay on p.dim() >= 2) would silently decay nothing. "
+            "Parameter groups can separate units, not the parameters inside one: put all of "
+            "model.parameters() in one group (weight decay on every parameter), or choose groups per unit "
+            "(model.shards[i]) yourself; FSDP2's fully_shard keeps each parameter's shape and can split them.")
+
+    def dim(self):
+        self._refuse("p.dim()")
+
+    def ndimension(self):
+        self._refuse("p.ndimension()")
+
+    @property
+    def ndim(self):
+        self._refuse("p.ndim")
+
+    def __repr__(self):
+        return f"FullyShardedModule shard of {self._holds}:\n{self.detach()!r}"
 
 
 def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -346,9 +382,13 @@ class FullyShardedModule(nn.Module):
         ``param_dtype`` the outputs come in that dtype: compute the loss in fp32
         (``loss_fn(out.float(), y)``). fp16 gradients can underflow without loss scaling, and a
         scaler that checks each rank's shard for inf on its own lets the ranks disagree on
-        skipping a step: prefer bf16, which needs no scaler. The optimizer sees one flat shard
+        skipping a step: prefer bf16, which needs no scaler. To clip gradients call
+        :meth:`clip_grad_norm_` (the global norm), not ``torch.nn.utils.clip_grad_norm_`` on
+        ``parameters()``, which sees this rank's shards only. The optimizer sees one flat shard
         per unit, so parameter groups can separate units but not the parameters inside one
-        (no weight decay on a Linear's bias alone); FSDP2 shards each parameter and can.
+        (no weight decay on a Linear's bias alone); FSDP2 shards each parameter and can. So that
+        the usual ``p.dim() >= 2`` grouping does not silently decay nothing, a shard's ``dim()``
+        and ``ndim`` raise (its ``shape`` is ``(S,)``: grouping by ``len(p.shape)`` is not caught).
     """
 
     def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None):
@@ -460,6 +500,53 @@ class FullyShardedModule(nn.Module):
             finally:
                 for unit in self._outer:
                     self._release(unit)
+
+    # -- clipping by the global norm, as FSDP1's FullyShardedDataParallel.clip_grad_norm_ ---------
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the shards' gradients by the norm of the *whole* model's gradient; returns that norm.
+
+        ``torch.nn.utils.clip_grad_norm_(model.parameters(), …)`` sees only this rank's shards and
+        would clip each rank by its own part of the norm. Call this instead, on every rank, after
+        backward and before ``optimizer.step()`` (FSDP1's ``FullyShardedDataParallel.clip_grad_norm_``;
+        FSDP2's DTensors make torch's function global): each rank's ``Σ|g|^p`` over its shards
+        (the padding is zero) is all-reduced, and every shard's gradient is multiplied by
+        ``min(1, max_norm / (norm + 1e-6))``, torch's formula. The norm equals DDP's within a
+        rounding (torch sums per-parameter norms, here slices are summed), so training matches DDP
+        + ``torch.nn.utils.clip_grad_norm_`` within a rounding per clipped step, and bit for bit
+        on 2 ranks when no step is clipped (the factor is then exactly 1).
+
+        Example::
+
+            >>> import torch, gpucourse as gc
+            >>> def clipped(rank, world_size):
+            ...     torch.manual_seed(0)
+            ...     model = gc.FullyShardedModule(torch.nn.Linear(4, 3))
+            ...     model(torch.randn(4, 4)[rank::2]).square().sum().backward()
+            ...     norm = model.clip_grad_norm_(1.0)               # the same on every rank
+            ...     return round(norm.item(), 4), round(model.clip_grad_norm_(1.0).item(), 4)
+            >>> (n0, a0), (n1, a1) = gc.launch(clipped, 2)
+            >>> n0 == n1 and n0 > 1.0, a0, a1                        # then clipped to norm 1
+            (True, 1.0, 1.0)
+        """
+        max_norm, norm_type = float(max_norm), float(norm_type)
+        grads = [u.shard.grad for u in self._units if u.trainable and u.shard.grad is not None]
+        device = self._units[0].shard.device
+        if norm_type == float("inf"):
+            total = (torch.stack([g.abs().max() for g in grads if g.numel()]).max() if grads
+                     else torch.zeros((), device=device))
+            if self.world_size > 1:
+                dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)
+        else:
+            total = (torch.stack([torch.linalg.vector_norm(g, norm_type).pow(norm_type) for g in grads]).sum()
+                     if grads else torch.zeros((), device=device))
+            if self.world_size > 1:
+                dist.all_reduce(total, group=self.group)
+            total = total.pow(1.0 / norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef)
+        return total
 
     # -- the whole model, for checks and checkpoints ---------------------------------------------
     @torch.no_grad()
