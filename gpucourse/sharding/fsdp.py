@@ -181,6 +181,66 @@ class _FlatShard(nn.Parameter):
         return f"FullyShardedModule shard of {self._holds}:\n{self.detach()!r}"
 
 
+def _note_written(shard) -> None:
+    """After backward accumulated into a shard's gradient: its version and norm, for the check below."""
+    shard._written = (shard.grad._version, torch.linalg.vector_norm(shard.grad.detach()))
+
+
+def _refuse_gradients_scaled_per_rank(optimizer, args, kwargs) -> None:
+    """A global optimizer step pre-hook: refuse a step on shards whose gradients were scaled, since
+    backward, by different factors on different ranks — ``torch.nn.utils.clip_grad_norm_`` on the
+    shards clips each rank by the norm of its own shards, and the ranks' models drift apart.
+
+    One small all-reduce per step of an optimizer that holds shards (every rank steps it). A
+    factor the ranks share — :meth:`FullyShardedModule.clip_grad_norm_`, a constant, no clipping
+    at all — passes.
+    """
+    shards = [p for g in optimizer.param_groups for p in g["params"]
+              if isinstance(p, _FlatShard) and getattr(p, "_group", False) is not False]
+    if not shards:
+        return
+    lo, hi = float("inf"), 0.0
+    for p in shards:
+        written = getattr(p, "_written", None)
+        if p.grad is None or written is None:
+            continue
+        version, before = written
+        if p.grad._version == version:
+            ratio = 1.0
+        else:
+            before = before.item()
+            if not (before > 0 and before < float("inf")):
+                continue
+            ratio = torch.linalg.vector_norm(p.grad.detach()).item() / before
+        if ratio == ratio and ratio < float("inf"):
+            lo, hi = min(lo, ratio), max(hi, ratio)
+    group = shards[0]._group
+    flags = torch.tensor([hi, -lo], dtype=torch.float64, device=shards[0].device)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    hi, lo = flags[0].item(), -flags[1].item()
+    if lo <= hi and hi - lo > 1e-4 * hi:
+        raise RuntimeError(
+            f"{type(optimizer).__name__}.step(): the gradients of gc.FullyShardedModule's shards were scaled "
+            f"since backward by factors from {lo:.6g} to {hi:.6g} on the ranks; each rank holds only its "
+            "shards, so torch.nn.utils.clip_grad_norm_(model.parameters(), …) clips each rank by the norm of "
+            "its own shards and the ranks would train differently from DDP and from each other. Clip with "
+            "model.clip_grad_norm_(max_norm) instead: the global norm, as FSDP1's "
+            "FullyShardedDataParallel.clip_grad_norm_.")
+
+
+_clip_check_installed = False
+
+
+def _install_clip_check() -> None:
+    global _clip_check_installed
+    if not _clip_check_installed:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(_refuse_gradients_scaled_per_rank)
+        _clip_check_installed = True
+
+
 def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
     """``("attn.q.weight")`` → ``(module.attn.q, "weight")``."""
     *path, leaf = name.split(".")
@@ -448,6 +508,11 @@ class FullyShardedModule(nn.Module):
                 continue
             unit.module.register_forward_pre_hook(self._make_pre_hook(unit), with_kwargs=True)
             unit.module.register_forward_hook(self._make_post_hook(unit), always_call=True)
+        for unit in self._units:                  # what backward wrote, to catch a per-rank clip
+            if unit.trainable:
+                unit.shard._group = group
+                unit.shard.register_post_accumulate_grad_hook(_note_written)
+        _install_clip_check()
 
     # -- 2) forward: gather before the layer, free after it -------------------------------------
     def _gather(self, unit) -> None:

@@ -121,3 +121,34 @@ def _shard_basics(rank, world_size):
 
 def test_a_shard_still_works_as_a_1d_parameter():
     assert gc.launch(_shard_basics, 2, timeout=60)[0] == ((56,), 56, True, True)
+
+
+def _torch_clip(rank, world_size, way, max_norm):
+    model = make_model()
+    model = _fsdp2(model) if way == "fsdp2" else gc.FullyShardedModule(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for step in range(2):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)   # FSDP2: global; ours: this rank's
+        before = _full(model)
+        try:
+            opt.step()
+        except RuntimeError as e:
+            return str(e), all(torch.equal(v, before[k]) for k, v in _full(model).items())
+        opt.zero_grad()
+    return _full(model), None
+
+
+def test_torch_clip_grad_norm_on_shards_is_refused_at_step():
+    """torch's function on FSDP2's DTensors clips by the global norm; on flat shards it would clip
+    each rank by its own part — the optimizer's step refuses, naming the method to call."""
+    theirs, _ = gc.launch(_torch_clip, 2, args=("fsdp2", 0.05), timeout=120)[0]
+    assert isinstance(theirs, dict)
+    for msg, untouched in gc.launch(_torch_clip, 2, args=("ours", 0.05), timeout=120):
+        assert isinstance(msg, str), "a per-rank clip was not refused"
+        assert "model.clip_grad_norm_(max_norm)" in msg and untouched, msg
+    # a max_norm no rank reaches multiplies by 1.0 everywhere: nothing differs, nothing refused
+    fsdp2, _ = gc.launch(_torch_clip, 2, args=("fsdp2", 1e9), timeout=120)[0]
+    ours, _ = gc.launch(_torch_clip, 2, args=("ours", 1e9), timeout=120)[0]
+    assert all(torch.equal(ours[k], v) for k, v in fsdp2.items())
