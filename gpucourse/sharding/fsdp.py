@@ -193,33 +193,33 @@ def _refuse_gradients_scaled_per_rank(optimizer, args, kwargs) -> None:
 
     One small all-reduce per step of an optimizer that holds shards (every rank steps it). A
     factor the ranks share — :meth:`FullyShardedModule.clip_grad_norm_`, a constant, no clipping
-    at all — passes.
+    at all — passes, and so does a change that is not one factor for all of a rank's shards.
     """
     shards = [p for g in optimizer.param_groups for p in g["params"]
               if isinstance(p, _FlatShard) and getattr(p, "_group", False) is not False]
     if not shards:
         return
-    lo, hi = float("inf"), 0.0
+    ratios = []
     for p in shards:
         written = getattr(p, "_written", None)
         if p.grad is None or written is None:
             continue
         version, before = written
         if p.grad._version == version:
-            ratio = 1.0
+            ratios.append(1.0)
         else:
             before = before.item()
-            if not (before > 0 and before < float("inf")):
-                continue
-            ratio = torch.linalg.vector_norm(p.grad.detach()).item() / before
-        if ratio == ratio and ratio < float("inf"):
-            lo, hi = min(lo, ratio), max(hi, ratio)
+            if 0 < before < float("inf"):
+                ratios.append(torch.linalg.vector_norm(p.grad.detach()).item() / before)
+    ratios = [r for r in ratios if r == r and r < float("inf")]
+    # torch's clip multiplies all of a rank's gradients by one factor; anything else is not a clip
+    factor = max(ratios) if ratios and max(ratios) - min(ratios) <= 1e-5 * max(ratios) else 1.0
     group = shards[0]._group
-    flags = torch.tensor([hi, -lo], dtype=torch.float64, device=shards[0].device)
+    flags = torch.tensor([factor, -factor], dtype=torch.float64, device=shards[0].device)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
     hi, lo = flags[0].item(), -flags[1].item()
-    if lo <= hi and hi - lo > 1e-4 * hi:
+    if hi - lo > 1e-5 * max(abs(hi), abs(lo)):
         raise RuntimeError(
             f"{type(optimizer).__name__}.step(): the gradients of gc.FullyShardedModule's shards were scaled "
             f"since backward by factors from {lo:.6g} to {hi:.6g} on the ranks; each rank holds only its "

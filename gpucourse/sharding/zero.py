@@ -126,7 +126,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         :meth:`clip_grad_norm_` (the global norm of the averaged gradients, as DDP +
         ``torch.nn.utils.clip_grad_norm_``), never ``torch.nn.utils.clip_grad_norm_`` on the
         model's parameters — it would clip each rank by its own norm (stage 1: ``step()`` refuses
-        gradients changed in place since backward) or see no gradient and return 0.0 (stage 2).
+        gradients scaled since backward by factors that differ between the ranks) or see no
+        gradient and return 0.0 (stage 2).
         After ``step()`` (or :meth:`clip_grad_norm_`) the model's ``.grad`` in stage 1 hold partial
         sums of the reduce-scatter, not gradients. Every rank must call ``step()`` — it holds
         collectives — and ``clip_grad_norm_``, ``add_param_group`` and ``consolidate_state_dict``.
@@ -158,7 +159,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.optimizer_class, self.stage, self.group = optimizer_class, stage, group
         self.rank, self.world_size, self._global_rank = group_info(group)
         self._hooked: set[int] = set()
-        self._written: dict[int, int] = {}       # a gradient's storage -> its version when backward wrote it
+        self._written: dict[int, torch.Tensor] = {}   # id(param) -> its gradient's first element after backward
         self._got_grad: set[int] = set()          # stage 2: id(param) of those that got a gradient
         self._used: dict[int, bool] = {}          # id(param) -> had a gradient (on some rank) in every step
         self._averaged = False                    # clip_grad_norm_ already averaged this step's gradients
@@ -249,9 +250,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._ready.clear()
 
     def _grad_ready(self, param) -> None:
-        # what backward wrote, to tell at step() whether the gradients were changed in place since
-        # (torch.nn.utils.clip_grad_norm_ would clip by this rank's own norm, before the average)
-        self._written[param.grad.untyped_storage().data_ptr()] = param.grad._version
+        # one element of what backward wrote, to tell at step() whether the gradients were scaled
+        # since (torch.nn.utils.clip_grad_norm_ would clip by this rank's own norm, before the average)
+        if param.grad.numel():
+            self._written[id(param)] = param.grad.detach().reshape(-1)[:1].clone()
         if self.stage == 1:
             return
         self._got_grad.add(id(param))
@@ -259,15 +261,25 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if len(self._ready) == len(self.params):  # the last gradient of this backward arrived
             self._reduce_gradients()
 
-    def _changed_since_backward(self) -> list[int]:
-        """Indices of the parameters whose ``.grad`` was changed in place after backward wrote it."""
-        changed = []
-        for i, p in enumerate(self.params):
-            if p.grad is not None:
-                version = self._written.get(p.grad.untyped_storage().data_ptr())
-                if version is not None and p.grad._version != version:
-                    changed.append(i)
-        return changed
+    def _scaled_since_backward(self) -> float:
+        """The factor this rank's gradients were all multiplied by since backward wrote them (1.0: none).
+
+        ``torch.nn.utils.clip_grad_norm_`` multiplies every gradient of a rank by one factor, its own;
+        a change that is not one factor for all (a tied weight's gradient all-reduced over another
+        group) is not a clip and counts as 1.0. Read from one element per parameter.
+        """
+        pairs = [(self._written[id(p)], p.grad.detach().reshape(-1)[:1]) for p in self.params
+                 if p.grad is not None and id(p) in self._written]
+        if not pairs:
+            return 1.0
+        before = torch.cat([b for b, _ in pairs]).double()
+        now = torch.cat([n for _, n in pairs]).double()
+        ratios = (now[before != 0] / before[before != 0])
+        ratios = ratios[ratios.isfinite()]
+        if not ratios.numel():
+            return 1.0
+        lo, hi = ratios.min().item(), ratios.max().item()
+        return hi if abs(hi - lo) <= 1e-5 * max(abs(hi), abs(lo)) else 1.0
 
     def _finish_gradients(self) -> list[bool] | None:
         """Average this step's gradients into the shard (once: by clip_grad_norm_ or by step()).
@@ -284,23 +296,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
             has = [p.grad is not None for p in self.params]
         else:
             has = [id(p) in self._got_grad or p.grad is not None for p in self.params]
-        changed = self._changed_since_backward()
-        flags = torch.tensor([int(h) for h in has] + [int(bool(changed))], dtype=torch.int32,
+        factor = self._scaled_since_backward()
+        flags = torch.tensor([float(h) for h in has] + [factor, -factor], dtype=torch.float64,
                              device=self.flat.device)
         if self.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        *used, changed_somewhere = (bool(f) for f in flags.tolist())
-        if changed_somewhere:
-            where = f"parameters {changed[:6]}" if changed else "another rank's parameters"
+        *used, hi, lo = flags.tolist()
+        used, lo = [bool(u) for u in used], -lo
+        if hi - lo > 1e-5 * max(abs(hi), abs(lo)):
             raise RuntimeError(
-                f"the gradients of {where} (indices over the trainable parameters) were changed in place "
-                "between backward() and ZeroOptimizer's step(). ZeroOptimizer averages the gradients over "
-                "the ranks inside step(), so until then each rank holds its own un-averaged gradients: "
-                "torch.nn.utils.clip_grad_norm_(model.parameters(), …) would clip each rank by its own norm "
-                "and train differently from DDP. Clip with opt.clip_grad_norm_(max_norm) instead (the "
-                "global norm of the averaged gradients, as FSDP's clip_grad_norm_); to scale the gradients "
-                "by a constant, scale the loss. torch.amp.GradScaler is not supported (see the class "
-                "docstring).")
+                f"the gradients were scaled between backward() and ZeroOptimizer's step() by factors from "
+                f"{lo:.6g} to {hi:.6g} on the ranks (this rank: {factor:.6g}). ZeroOptimizer averages the "
+                "gradients over the ranks inside step(), so until then each rank holds its own un-averaged "
+                "gradients: torch.nn.utils.clip_grad_norm_(model.parameters(), …) clips each rank by its own "
+                "norm and would train differently from DDP. Clip with opt.clip_grad_norm_(max_norm) instead "
+                "(the global norm of the averaged gradients, as FSDP's clip_grad_norm_).")
         self._last_used = used if any(used) else None
         if self._last_used is None:               # no gradient anywhere: step() changes nothing
             return None
@@ -394,7 +404,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
         ``torch.nn.utils.clip_grad_norm_(model.parameters(), …)`` does not work here — before
         ``step()`` each rank holds its own un-averaged gradients (stage 1), or none (stage 2: it
-        returns 0.0) — and in stage 1 ``step()`` refuses gradients changed in place since backward.
+        returns 0.0) — and in stage 1 ``step()`` refuses gradients scaled since backward by
+        factors that differ between the ranks (what torch's function does when it clips).
 
         Example::
 
