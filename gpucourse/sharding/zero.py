@@ -135,8 +135,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         parameter whose ``.grad`` is ``None`` (no weight decay, no momentum); but a parameter must
         have a gradient (on some rank) in every step or in none — one used in some steps and not
         in others makes ``step()`` raise, because each group's slice is updated as one tensor with
-        one step count. In stage 2 call ``opt.zero_grad()`` (not ``model.zero_grad()``) after
-        ``step()``: the gradients live in the shard. ``state_dict()`` needs
+        one step count. In stage 2 a parameter must get a gradient on every rank or on none (as in
+        DDP without ``find_unused_parameters``): a rank that got all its gradients reduce-scatters
+        during backward, one that missed a parameter only at ``step()``, and their collectives no
+        longer pair up. In stage 2 call ``opt.zero_grad()`` (not ``model.zero_grad()``) after
+        ``step()``: the gradients live in the shard (a backward onto an old one raises). ``state_dict()`` needs
         ``consolidate_state_dict(to=…)`` first, as ``ZeroRedundancyOptimizer``'s;
         :meth:`shard_state_dict` is this rank's slice. The state is sliced element by element:
         optimizers whose state is per tensor (LAMB's trust ratio, Adafactor) do not shard this

@@ -245,3 +245,33 @@ def test_state_dict_without_consolidating_raises_as_zero_redundancy_optimizer(st
         assert isinstance(t_after, str) == isinstance(o_after, str) == (rank != 0)
         if rank == 0:
             assert o_after == t_after == ["param_groups", "state"]
+
+
+def _model_zero_grad(rank, world_size, way):
+    model = make_model()
+    if way == "ddp":
+        model = DDP(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    else:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01)
+    try:
+        for step in range(2):
+            x, y = batch(step, rank, world_size)
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            model.zero_grad()                    # the model's, not the optimizer's: common in scripts
+    except RuntimeError as e:
+        return str(e)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_model_zero_grad_trains_as_ddp_or_is_refused(stage):
+    """Stage 2 keeps the gradient in the optimizer's shard, where model.zero_grad() cannot reach: the
+    next backward would add onto the last step's gradient — refused, naming opt.zero_grad()."""
+    ddp = gc.launch(_model_zero_grad, 2, args=("ddp",), timeout=120)[0]
+    for ours in gc.launch(_model_zero_grad, 2, args=(stage,), timeout=120):
+        if stage == 1:
+            assert all(torch.equal(p, q) for p, q in zip(ours, ddp))
+        else:
+            assert isinstance(ours, str) and "opt.zero_grad()" in ours, ours
