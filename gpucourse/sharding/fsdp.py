@@ -161,11 +161,13 @@ class _FlatShard(nn.Parameter):
     def _refuse(self, what: str):
         raise RuntimeError(
             f"{what} of a gc.FullyShardedModule parameter: each one is a flat 1-D shard of a whole unit's "
-            f"parameters — this one holds {self._holds} — so p.dim() cannot tell a weight matrix from a bias, "
+            f"parameters — this one holds {self._holds} — so p.dim() cannot tell a weight matrix from a "
+            "bias, "
             "and parameter groups built from it (weight decay on p.dim() >= 2) would silently decay nothing. "
             "Parameter groups can separate units, not the parameters inside one: put all of "
             "model.parameters() in one group (weight decay on every parameter), or choose groups per unit "
-            "(model.shards[i]) yourself; FSDP2's fully_shard keeps each parameter's shape and can split them.")
+            "(model.shards[i]) yourself; FSDP2's fully_shard keeps each parameter's shape and can split "
+            "them.")
 
     def dim(self):
         self._refuse("p.dim()")
@@ -223,8 +225,8 @@ def _refuse_gradients_scaled_per_rank(optimizer, args, kwargs) -> None:
         raise RuntimeError(
             f"{type(optimizer).__name__}.step(): the gradients of gc.FullyShardedModule's shards were scaled "
             f"since backward by factors from {lo:.6g} to {hi:.6g} on the ranks; each rank holds only its "
-            "shards, so torch.nn.utils.clip_grad_norm_(model.parameters(), …) clips each rank by the norm of "
-            "its own shards and the ranks would train differently from DDP and from each other. Clip with "
+            "shards, so torch.nn.utils.clip_grad_norm_(model.parameters(), …) clips each rank by the norm "
+            "of its own shards and the ranks would train differently from DDP and from each other. Clip with "
             "model.clip_grad_norm_(max_norm) instead: the global norm, as FSDP1's "
             "FullyShardedDataParallel.clip_grad_norm_.")
 

@@ -139,11 +139,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         DDP without ``find_unused_parameters``): a rank that got all its gradients reduce-scatters
         during backward, one that missed a parameter only at ``step()``, and their collectives no
         longer pair up. In stage 2 call ``opt.zero_grad()`` (not ``model.zero_grad()``) after
-        ``step()``: the gradients live in the shard (a backward onto an old one raises). ``state_dict()`` needs
-        ``consolidate_state_dict(to=…)`` first, as ``ZeroRedundancyOptimizer``'s;
-        :meth:`shard_state_dict` is this rank's slice. The state is sliced element by element:
-        optimizers whose state is per tensor (LAMB's trust ratio, Adafactor) do not shard this
-        way. Freezing or unfreezing a parameter after construction raises at the next ``step()``.
+        ``step()``: the gradients live in the shard (a backward onto an old one raises).
+        ``state_dict()`` needs ``consolidate_state_dict(to=…)`` first, as
+        ``ZeroRedundancyOptimizer``'s; :meth:`shard_state_dict` is this rank's slice. The state is
+        sliced element by element: optimizers whose state is per tensor (LAMB's trust ratio,
+        Adafactor) do not shard this way. Freezing or unfreezing a parameter after construction raises at the next ``step()``.
         fp16 loss scaling (``torch.amp.GradScaler``) does not fit: it looks for inf in each rank's
         own gradients before ``step()`` averages them (ranks could disagree on skipping a step),
         and in stage 2 it finds none — train in bf16, which needs no scaler.
@@ -162,7 +162,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.optimizer_class, self.stage, self.group = optimizer_class, stage, group
         self.rank, self.world_size, self._global_rank = group_info(group)
         self._hooked: set[int] = set()
-        self._written: dict[int, torch.Tensor] = {}   # id(param) -> its gradient's first element after backward
+        self._written: dict[int, torch.Tensor] = {}   # id(param) -> its gradient's 1st element after backward
         self._got_grad: set[int] = set()          # stage 2: id(param) of those that got a gradient
         self._used: dict[int, bool] = {}          # id(param) -> had a gradient (on some rank) in every step
         self._averaged = False                    # clip_grad_norm_ already averaged this step's gradients
@@ -289,7 +289,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
         Agrees with the other ranks (one small all-reduce) on which parameters got a gradient on
         some rank — ``torch.optim`` skips a parameter whose ``.grad`` is ``None``, and so must
-        step() — and on whether the gradients were changed in place since backward. Returns, per
+        step() — and on the factor each rank's gradients were scaled by since backward (refused if
+        the factors differ: a per-rank clip). Returns, per
         parameter, whether some rank had a gradient for it (``None``: no gradient anywhere).
         """
         if self._averaged:
@@ -311,8 +312,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 f"the gradients were scaled between backward() and ZeroOptimizer's step() by factors from "
                 f"{lo:.6g} to {hi:.6g} on the ranks (this rank: {factor:.6g}). ZeroOptimizer averages the "
                 "gradients over the ranks inside step(), so until then each rank holds its own un-averaged "
-                "gradients: torch.nn.utils.clip_grad_norm_(model.parameters(), …) clips each rank by its own "
-                "norm and would train differently from DDP. Clip with opt.clip_grad_norm_(max_norm) instead "
+                "gradients: torch.nn.utils.clip_grad_norm_(model.parameters(), …) clips each rank by its "
+                "own norm and would train differently from DDP. Clip with opt.clip_grad_norm_(max_norm) instead "
                 "(the global norm of the averaged gradients, as FSDP's clip_grad_norm_).")
         self._last_used = used if any(used) else None
         if self._last_used is None:               # no gradient anywhere: step() changes nothing
@@ -458,7 +459,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for piece, _ in self._pieces:
             if piece is not None:
                 piece.grad = None
-        if set_to_none:                           # torch: .grad None; set_to_none=False: zeros (still "a gradient")
+        if set_to_none:                           # torch: .grad None (False: zeros, still a gradient)
             self._got_grad.clear()
         self._written.clear()
         if not set_to_none and self._grads is not None:
@@ -518,11 +519,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """
         if self._consolidated is None:
             raise RuntimeError(
-                f"ZeroOptimizer.state_dict() on rank {self.rank}: the optimizer state is sharded and has not been "
-                "consolidated on this rank since the last step(). Call opt.consolidate_state_dict(to=0) on every "
-                "rank first, then opt.state_dict() on rank 0 (as torch's ZeroRedundancyOptimizer); or save each "
-                "rank's own slice with opt.shard_state_dict() and reload it on the same rank of the same "
-                "number of ranks.")
+                f"ZeroOptimizer.state_dict() on rank {self.rank}: the optimizer state is sharded and has not "
+                "been consolidated on this rank since the last step(). Call opt.consolidate_state_dict(to=0) on "
+                "every rank first, then opt.state_dict() on rank 0 (as torch's ZeroRedundancyOptimizer); or "
+                "save each rank's own slice with opt.shard_state_dict() and reload it on the same rank of the "
+                "same number of ranks.")
         return self._consolidated
 
     def shard_state_dict(self) -> dict:
