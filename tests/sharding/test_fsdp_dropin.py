@@ -152,3 +152,44 @@ def test_torch_clip_grad_norm_on_shards_is_refused_at_step():
     fsdp2, _ = gc.launch(_torch_clip, 2, args=("fsdp2", 1e9), timeout=120)[0]
     ours, _ = gc.launch(_torch_clip, 2, args=("ours", 1e9), timeout=120)[0]
     assert all(torch.equal(ours[k], v) for k, v in fsdp2.items())
+
+
+GPT = dict(vocab_size=16, seq_len=8, num_layers=2, hidden=8, num_heads=2)
+
+
+def _gpt_clip(rank, world_size, way):
+    torch.manual_seed(0)
+    model = gc.TinyGPT(**GPT)                                  # the head is tied to the embedding
+    kw = dict(lr=0.02, eps=1e-4, weight_decay=0.1)
+    if way == "ddp":
+        model = DDP(model)
+        opt = torch.optim.AdamW(model.parameters(), **kw)
+        clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 0.2)   # noqa: E731
+    elif way == "fsdp":
+        model = gc.FullyShardedModule(model)
+        opt = torch.optim.AdamW(model.parameters(), **kw)
+        clip = lambda: model.clip_grad_norm_(0.2)              # noqa: E731
+    else:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, **kw)
+        clip = lambda: opt.clip_grad_norm_(0.2)                # noqa: E731
+    norms = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(900 + step)
+        x, y = (torch.randint(0, GPT["vocab_size"], (8, GPT["seq_len"]), generator=g) for _ in range(2))
+        x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        norms.append(clip().item())
+        opt.step()
+        opt.zero_grad()
+    return _full(model), norms
+
+
+@pytest.mark.parametrize("way", [1, 2, "fsdp"])
+def test_tied_tinygpt_clipped_trains_like_ddp(way):
+    """The issue's second script: TinyGPT with a tied head, clipped in every step."""
+    ddp, ddp_norms = gc.launch(_gpt_clip, 2, args=("ddp",), timeout=120)[0]
+    assert min(ddp_norms) > 0.3                                 # every step is clipped
+    for state, norms in gc.launch(_gpt_clip, 2, args=(way,), timeout=120):
+        torch.testing.assert_close(torch.tensor(norms), torch.tensor(ddp_norms), rtol=1e-6, atol=0)
+        for k, v in ddp.items():
+            torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
