@@ -74,20 +74,26 @@ def test_clip_grad_norm_that_does_not_clip_is_bit_for_bit(stage):
         torch.testing.assert_close(torch.tensor(norms), torch.tensor(ddp_norms), rtol=1e-6, atol=0)
 
 
-def _inf_norm(rank, world_size, stage):
+def _norm_types(rank, world_size, stage, norm_type):
     model = make_model()
     opt = gc.ZeroOptimizer(model.parameters(), torch.optim.SGD, stage=stage, lr=0.1)
     ddp = DDP(make_model())
+    sharded = gc.FullyShardedModule(make_model())
     x, y = batch(0, rank, world_size)
-    F.mse_loss(model(x), y).backward()
-    F.mse_loss(ddp(x), y).backward()
-    return opt.clip_grad_norm_(0.01, norm_type=float("inf")).item(), \
-        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.01, norm_type=float("inf")).item()
+    for m in (model, ddp, sharded):
+        F.mse_loss(m(x), y).backward()
+    return (opt.clip_grad_norm_(0.01, norm_type=norm_type).item(),
+            sharded.clip_grad_norm_(0.01, norm_type).item(),
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.01, norm_type=norm_type).item())
 
 
-def test_clip_grad_norm_inf_norm_is_the_global_max():
-    for ours, theirs in gc.launch(_inf_norm, 2, args=(1,), timeout=120):
-        assert ours == theirs                                  # a max: no rounding at all
+@pytest.mark.parametrize("stage, norm_type", [(1, float("inf")), (2, 1.0), (1, 3.0)])
+def test_clip_grad_norm_other_norm_types_are_global(stage, norm_type):
+    """The inf-norm is a max (no rounding: equal); p-norms sum |g|^p over the ranks' slices."""
+    for zero, fsdp, theirs in gc.launch(_norm_types, 2, args=(stage, norm_type), timeout=120):
+        if norm_type == float("inf"):
+            assert zero == fsdp == theirs
+        assert zero == pytest.approx(theirs, rel=1e-6) and fsdp == pytest.approx(theirs, rel=1e-6)
 
 
 def _torch_clip_on_zero(rank, world_size, stage, change):
