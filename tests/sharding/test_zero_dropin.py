@@ -2,6 +2,8 @@
 differently without a word (issue 40): clipping by the global norm, parameters without gradients,
 state_dict() without consolidating. Every test runs the PyTorch original next to it on 2 gloo ranks."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,7 +27,7 @@ def batch(step, rank, world_size):
     return x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
 
 
-def _clip_run(rank, world_size, way, max_norm):
+def _clip_run(rank, world_size, way, max_norm, accumulation=1):
     model = make_model()
     if way == "ddp":
         model = DDP(model)
@@ -35,7 +37,10 @@ def _clip_run(rank, world_size, way, max_norm):
     norms = []
     for step in range(STEPS):
         x, y = batch(step, rank, world_size)
-        F.mse_loss(model(x), y).backward()
+        for i, (xm, ym) in enumerate(zip(x.tensor_split(accumulation), y.tensor_split(accumulation))):
+            last = i == accumulation - 1
+            with model.no_sync() if way == "ddp" and not last else contextlib.nullcontext():
+                (F.mse_loss(model(xm), ym) / accumulation).backward()
         if way == "ddp":
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         else:
@@ -46,14 +51,14 @@ def _clip_run(rank, world_size, way, max_norm):
     return [p.detach().clone() for p in model.parameters()], norms
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_clip_grad_norm_equals_ddp_and_torch_clip(stage):
+@pytest.mark.parametrize("stage, accumulation", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_clip_grad_norm_equals_ddp_and_torch_clip(stage, accumulation):
     """Clipping in every step (max_norm below every norm): norms and parameters equal DDP +
     torch.nn.utils.clip_grad_norm_ within a rounding — torch sums per-parameter norms, the shards
     sum slices, so the norm (and the clip factor) may differ in the last place."""
     max_norm = 0.05
-    ddp_params, ddp_norms = gc.launch(_clip_run, 2, args=("ddp", max_norm), timeout=120)[0]
-    results = gc.launch(_clip_run, 2, args=(stage, max_norm), timeout=120)
+    ddp_params, ddp_norms = gc.launch(_clip_run, 2, args=("ddp", max_norm, accumulation), timeout=120)[0]
+    results = gc.launch(_clip_run, 2, args=(stage, max_norm, accumulation), timeout=120)
     assert min(ddp_norms) > 4 * max_norm                       # every step is clipped
     for params, norms in results:                              # the global norm, the same on both ranks
         torch.testing.assert_close(torch.tensor(norms), torch.tensor(ddp_norms), rtol=1e-6, atol=0)
