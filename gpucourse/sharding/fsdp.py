@@ -162,8 +162,8 @@ class _FlatShard(nn.Parameter):
         raise RuntimeError(
             f"{what} of a gc.FullyShardedModule parameter: each one is a flat 1-D shard of a whole unit's "
             f"parameters — this one holds {self._holds} — so p.dim() cannot tell a weight matrix from a "
-            "bias, "
-            "and parameter groups built from it (weight decay on p.dim() >= 2) would silently decay nothing. "
+            "bias, and parameter groups built from it (weight decay on p.dim() >= 2) would silently decay "
+            "nothing. "
             "Parameter groups can separate units, not the parameters inside one: put all of "
             "model.parameters() in one group (weight decay on every parameter), or choose groups per unit "
             "(model.shards[i]) yourself; FSDP2's fully_shard keeps each parameter's shape and can split "
