@@ -102,7 +102,8 @@ class _Unit:
         if world_size > 1:
             dist.broadcast(flat, root_rank, group=group)       # every rank starts from rank 0's values
         self.shard = _FlatShard(flat.view(world_size, -1)[rank].clone(), requires_grad=self.trainable)  # (S,)
-        self.shard._holds = f"unit {path!r} ({', '.join(self.names[:4])}{' …' if len(self.names) > 4 else ''})"
+        shown = ", ".join(self.names[:4]) + (" …" if len(self.names) > 4 else "")
+        self.shard._holds = f"unit {path!r} ({shown})"          # for _FlatShard's messages
         self.compute_dtype = param_dtype or self.shard.dtype      # the shard stays the master copy
         self.full = None                    # the gathered (N·S,) buffer while it is needed
         for owner, leaf in (o for owners in self.owners for o in owners):
