@@ -101,7 +101,9 @@ class _Unit:
                 flat[off:off + p.numel()] = p.reshape(-1)
         if world_size > 1:
             dist.broadcast(flat, root_rank, group=group)       # every rank starts from rank 0's values
-        self.shard = nn.Parameter(flat.view(world_size, -1)[rank].clone(), requires_grad=self.trainable)  # (S,)
+        self.shard = _FlatShard(flat.view(world_size, -1)[rank].clone(), requires_grad=self.trainable)  # (S,)
+        shown = ", ".join(self.names[:4]) + (" …" if len(self.names) > 4 else "")
+        self.shard._holds = f"unit {path!r} ({shown})"          # for _FlatShard's messages
         self.compute_dtype = param_dtype or self.shard.dtype      # the shard stays the master copy
         self.full = None                    # the gathered (N·S,) buffer while it is needed
         for owner, leaf in (o for owners in self.owners for o in owners):
@@ -143,6 +145,103 @@ class _Unit:
         self.full = None
         for owner, leaf in (o for owners in self.owners for o in owners):
             setattr(owner, leaf, None)
+
+
+class _FlatShard(nn.Parameter):
+    """A unit's shard: one flat 1-D slice of *all* the unit's parameters (a Linear's weight and bias).
+
+    Its ``dim()`` (``ndim``, ``ndimension()``) raises instead of answering 1: the usual weight-decay
+    grouping ``[p for p in model.parameters() if p.dim() >= 2]`` would put every shard in the
+    no-decay group and silently train without weight decay (FSDP2 keeps each parameter's shape and
+    decays its matrices). Everything else — optimizers, ``numel()``, ``shape`` — works as on a 1-D
+    parameter.
+    """
+
+    _holds = "a unit"
+
+    def _refuse(self, what: str):
+        raise RuntimeError(
+            f"{what} of a gc.FullyShardedModule parameter: each one is a flat 1-D shard of a whole unit's "
+            f"parameters — this one holds {self._holds} — so p.dim() cannot tell a weight matrix from a "
+            "bias, and parameter groups built from it (weight decay on p.dim() >= 2) would silently decay "
+            "nothing. "
+            "Parameter groups can separate units, not the parameters inside one: put all of "
+            "model.parameters() in one group (weight decay on every parameter), or choose groups per unit "
+            "(model.shards[i]) yourself; FSDP2's fully_shard keeps each parameter's shape and can split "
+            "them.")
+
+    def dim(self):
+        self._refuse("p.dim()")
+
+    def ndimension(self):
+        self._refuse("p.ndimension()")
+
+    @property
+    def ndim(self):
+        self._refuse("p.ndim")
+
+    def __repr__(self):
+        return f"FullyShardedModule shard of {self._holds}:\n{self.detach()!r}"
+
+
+def _note_written(shard) -> None:
+    """After backward accumulated into a shard's gradient: its version and norm, for the check below."""
+    shard._written = (shard.grad._version, torch.linalg.vector_norm(shard.grad.detach()))
+
+
+def _refuse_gradients_scaled_per_rank(optimizer, args, kwargs) -> None:
+    """A global optimizer step pre-hook: refuse a step on shards whose gradients were scaled, since
+    backward, by different factors on different ranks — ``torch.nn.utils.clip_grad_norm_`` on the
+    shards clips each rank by the norm of its own shards, and the ranks' models drift apart.
+
+    One small all-reduce per step of an optimizer that holds shards (every rank steps it). A
+    factor the ranks share — :meth:`FullyShardedModule.clip_grad_norm_`, a constant, no clipping
+    at all — passes, and so does a change that is not one factor for all of a rank's shards.
+    """
+    shards = [p for g in optimizer.param_groups for p in g["params"]
+              if isinstance(p, _FlatShard) and getattr(p, "_group", False) is not False]
+    if not shards:
+        return
+    ratios = []
+    for p in shards:
+        written = getattr(p, "_written", None)
+        if p.grad is None or written is None:
+            continue
+        version, before = written
+        if p.grad._version == version:
+            ratios.append(1.0)
+        else:
+            before = before.item()
+            if 0 < before < float("inf"):
+                ratios.append(torch.linalg.vector_norm(p.grad.detach()).item() / before)
+    ratios = [r for r in ratios if r == r and r < float("inf")]
+    # torch's clip multiplies all of a rank's gradients by one factor; anything else is not a clip
+    factor = max(ratios) if ratios and max(ratios) - min(ratios) <= 1e-5 * max(ratios) else 1.0
+    group = shards[0]._group
+    flags = torch.tensor([factor, -factor], dtype=torch.float64, device=shards[0].device)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    hi, lo = flags[0].item(), -flags[1].item()
+    if hi - lo > 1e-5 * max(abs(hi), abs(lo)):
+        raise RuntimeError(
+            f"{type(optimizer).__name__}.step(): the gradients of gc.FullyShardedModule's shards were scaled "
+            f"since backward by factors from {lo:.6g} to {hi:.6g} on the ranks; each rank holds only its "
+            "shards, so torch.nn.utils.clip_grad_norm_(model.parameters(), …) clips each rank by the norm "
+            "of its own shards and the ranks would train differently from DDP and from each other. Clip with "
+            "model.clip_grad_norm_(max_norm) instead: the global norm, as FSDP1's "
+            "FullyShardedDataParallel.clip_grad_norm_.")
+
+
+_clip_check_installed = False
+
+
+def _install_clip_check() -> None:
+    global _clip_check_installed
+    if not _clip_check_installed:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(_refuse_gradients_scaled_per_rank)
+        _clip_check_installed = True
 
 
 def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -346,9 +445,13 @@ class FullyShardedModule(nn.Module):
         ``param_dtype`` the outputs come in that dtype: compute the loss in fp32
         (``loss_fn(out.float(), y)``). fp16 gradients can underflow without loss scaling, and a
         scaler that checks each rank's shard for inf on its own lets the ranks disagree on
-        skipping a step: prefer bf16, which needs no scaler. The optimizer sees one flat shard
+        skipping a step: prefer bf16, which needs no scaler. To clip gradients call
+        :meth:`clip_grad_norm_` (the global norm), not ``torch.nn.utils.clip_grad_norm_`` on
+        ``parameters()``, which sees this rank's shards only. The optimizer sees one flat shard
         per unit, so parameter groups can separate units but not the parameters inside one
-        (no weight decay on a Linear's bias alone); FSDP2 shards each parameter and can.
+        (no weight decay on a Linear's bias alone); FSDP2 shards each parameter and can. So that
+        the usual ``p.dim() >= 2`` grouping does not silently decay nothing, a shard's ``dim()``
+        and ``ndim`` raise (its ``shape`` is ``(S,)``: grouping by ``len(p.shape)`` is not caught).
     """
 
     def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None):
@@ -408,6 +511,11 @@ class FullyShardedModule(nn.Module):
                 continue
             unit.module.register_forward_pre_hook(self._make_pre_hook(unit), with_kwargs=True)
             unit.module.register_forward_hook(self._make_post_hook(unit), always_call=True)
+        for unit in self._units:                  # what backward wrote, to catch a per-rank clip
+            if unit.trainable:
+                unit.shard._group = group
+                unit.shard.register_post_accumulate_grad_hook(_note_written)
+        _install_clip_check()
 
     # -- 2) forward: gather before the layer, free after it -------------------------------------
     def _gather(self, unit) -> None:
@@ -460,6 +568,53 @@ class FullyShardedModule(nn.Module):
             finally:
                 for unit in self._outer:
                     self._release(unit)
+
+    # -- clipping by the global norm, as FSDP1's FullyShardedDataParallel.clip_grad_norm_ ---------
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the shards' gradients by the norm of the *whole* model's gradient; returns that norm.
+
+        ``torch.nn.utils.clip_grad_norm_(model.parameters(), …)`` sees only this rank's shards and
+        would clip each rank by its own part of the norm. Call this instead, on every rank, after
+        backward and before ``optimizer.step()`` (FSDP1's ``FullyShardedDataParallel.clip_grad_norm_``;
+        FSDP2's DTensors make torch's function global): each rank's ``Σ|g|^p`` over its shards
+        (the padding is zero) is all-reduced, and every shard's gradient is multiplied by
+        ``min(1, max_norm / (norm + 1e-6))``, torch's formula. The norm equals DDP's within a
+        rounding (torch sums per-parameter norms, here slices are summed), so training matches DDP
+        + ``torch.nn.utils.clip_grad_norm_`` within a rounding per clipped step, and bit for bit
+        on 2 ranks when no step is clipped (the factor is then exactly 1).
+
+        Example::
+
+            >>> import torch, gpucourse as gc
+            >>> def clipped(rank, world_size):
+            ...     torch.manual_seed(0)
+            ...     model = gc.FullyShardedModule(torch.nn.Linear(4, 3))
+            ...     model(torch.randn(4, 4)[rank::2]).square().sum().backward()
+            ...     norm = model.clip_grad_norm_(1.0)               # the same on every rank
+            ...     return round(norm.item(), 4), round(model.clip_grad_norm_(1.0).item(), 4)
+            >>> (n0, a0), (n1, a1) = gc.launch(clipped, 2)
+            >>> n0 == n1 and n0 > 1.0, a0, a1                        # then clipped to norm 1
+            (True, 1.0, 1.0)
+        """
+        max_norm, norm_type = float(max_norm), float(norm_type)
+        grads = [u.shard.grad for u in self._units if u.trainable and u.shard.grad is not None]
+        device = self._units[0].shard.device
+        if norm_type == float("inf"):
+            total = (torch.stack([g.abs().max() for g in grads if g.numel()]).max() if grads
+                     else torch.zeros((), device=device))
+            if self.world_size > 1:
+                dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)
+        else:
+            total = (torch.stack([torch.linalg.vector_norm(g, norm_type).pow(norm_type) for g in grads]).sum()
+                     if grads else torch.zeros((), device=device))
+            if self.world_size > 1:
+                dist.all_reduce(total, group=self.group)
+            total = total.pow(1.0 / norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef)
+        return total
 
     # -- the whole model, for checks and checkpoints ---------------------------------------------
     @torch.no_grad()

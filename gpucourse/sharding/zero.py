@@ -121,19 +121,32 @@ class ZeroOptimizer(torch.optim.Optimizer):
     .. warning::
         The parameters become views into the flat buffer. Assigning ``p.data = …`` (or moving the
         model with ``.to()``) afterwards detaches them from it, and the updates no longer reach the
-        model. In stage 1 their ``.grad`` are views into a flat gradient buffer that ``step()``
-        reduce-scatters in place: read (or clip) gradients before ``step()``, not after.
-        Every rank must call ``step()`` — it holds two collectives — and ``add_param_group`` and
-        ``consolidate_state_dict``. In stage 2 every trainable parameter must get a gradient in
-        each backward (as in DDP without ``find_unused_parameters``); one that does not is
-        reduced, as zeros, at ``step()`` — and, unlike ``torch.optim``, which skips a parameter
-        whose ``.grad`` is ``None``, its slice is updated with that zero gradient (momentum and
-        weight decay still act on it). The state is sliced element by element: optimizers whose
-        state is per tensor (LAMB's trust ratio, Adafactor) do not shard this way. Freezing or
-        unfreezing a parameter after construction raises at the next ``step()``. fp16 loss
-        scaling (``torch.amp.GradScaler``) does not fit: it looks for inf in each rank's own
-        gradients before ``step()`` averages them (ranks could disagree on skipping a step), and
-        in stage 2 it finds none — train in bf16, which needs no scaler.
+        model. Until ``step()`` each rank holds its *own, un-averaged* gradients (stage 1) or none
+        at all (stage 2, where backward keeps only the averaged shard): to clip, call
+        :meth:`clip_grad_norm_` (the global norm of the averaged gradients, as DDP +
+        ``torch.nn.utils.clip_grad_norm_``), never ``torch.nn.utils.clip_grad_norm_`` on the
+        model's parameters — it would clip each rank by its own norm (stage 1: ``step()`` refuses
+        gradients scaled since backward by factors that differ between the ranks) or see no
+        gradient and return 0.0 (stage 2).
+        After ``step()`` (or :meth:`clip_grad_norm_`) the model's ``.grad`` in stage 1 hold partial
+        sums of the reduce-scatter, not gradients. Every rank must call ``step()`` — it holds
+        collectives — and ``clip_grad_norm_``, ``add_param_group`` and ``consolidate_state_dict``.
+        A parameter that no rank has a gradient for is left as it is, as ``torch.optim`` skips a
+        parameter whose ``.grad`` is ``None`` (no weight decay, no momentum); but a parameter must
+        have a gradient (on some rank) in every step or in none — one used in some steps and not
+        in others makes ``step()`` raise, because each group's slice is updated as one tensor with
+        one step count. In stage 2 a parameter must get a gradient on every rank or on none (as in
+        DDP without ``find_unused_parameters``): a rank that got all its gradients reduce-scatters
+        during backward, one that missed a parameter only at ``step()``, and their collectives no
+        longer pair up. In stage 2 call ``opt.zero_grad()`` (not ``model.zero_grad()``) after
+        ``step()``: the gradients live in the shard (a backward onto an old one raises).
+        ``state_dict()`` needs ``consolidate_state_dict(to=…)`` first, as
+        ``ZeroRedundancyOptimizer``'s; :meth:`shard_state_dict` is this rank's slice. The state is
+        sliced element by element: optimizers whose state is per tensor (LAMB's trust ratio,
+        Adafactor) do not shard this way. Freezing or unfreezing a parameter after construction raises at the next ``step()``.
+        fp16 loss scaling (``torch.amp.GradScaler``) does not fit: it looks for inf in each rank's
+        own gradients before ``step()`` averages them (ranks could disagree on skipping a step),
+        and in stage 2 it finds none — train in bf16, which needs no scaler.
     """
 
     def __init__(self, params, optimizer_class, *, stage: int = 1, group=None, **optimizer_kwargs):
@@ -149,6 +162,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.optimizer_class, self.stage, self.group = optimizer_class, stage, group
         self.rank, self.world_size, self._global_rank = group_info(group)
         self._hooked: set[int] = set()
+        self._written: dict[int, torch.Tensor] = {}   # id(param) -> its gradient's 1st element after backward
+        self._got_grad: set[int] = set()          # stage 2: id(param) of those that got a gradient
+        self._used: dict[int, bool] = {}          # id(param) -> had a gradient (on some rank) in every step
+        self._averaged = False                    # clip_grad_norm_ already averaged this step's gradients
+        self._stepped = False                     # stage 2: step() ran and zero_grad() did not yet
+        self._last_used: list[bool] | None = None
         self._build()
         self._built = True
 
@@ -189,26 +208,36 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._ready: set[int] = set()
         self._grads = None
         self._consolidated = None
-        if self.stage == 2:
-            for p in self.params:
-                if id(p) not in self._hooked:
-                    p.register_post_accumulate_grad_hook(self._grad_ready)
-                    self._hooked.add(id(p))
+        self._group_of = [next(g for g, (lo, hi) in enumerate(self.layout.group_ranges) if lo <= off < hi)
+                          for off in self.offsets]
+        for p in self.params:                     # every backward: record what it wrote (stage 2: reduce)
+            if id(p) not in self._hooked:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+                self._hooked.add(id(p))
 
     # -- 2) gradients: reduce-scatter, keep this rank's slice, divided by N -----------------------
     def _reduce_gradients(self) -> None:
         # stage 1 keeps full gradients anyway: one flat buffer that backward accumulates into
         # directly (the parameters' .grad are views into it, as DDP's gradient_as_bucket_view);
         # stage 2 builds the buffer for the reduce-scatter and drops it right after.
+        if self.stage == 2 and self._stepped and self.shard.grad is not None:
+            raise RuntimeError(
+                "ZeroOptimizer(stage=2): a backward after step() found the shard's gradient of the last "
+                "step still there, and would add to it. Call opt.zero_grad() after opt.step(): in stage 2 "
+                "the gradients live in the optimizer's shard, which model.zero_grad() cannot reach.")
         grads = self._grads if self._grads is not None else torch.zeros_like(self.flat)  # (N·S,)
         for p, offset in zip(self.params, self.offsets):
             view = grads[offset:offset + p.numel()].view_as(p)
-            if p.grad is None:
-                view.zero_()
-            elif p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad)
-            if self.stage == 1:
-                p.grad = view
+            if p.grad is None:                    # (stays None, as in torch: step() skips the parameter
+                view.zero_()                      #  if no rank has a gradient for it)
+            else:
+                if self.stage == 2:
+                    self._got_grad.add(id(p))
+                if p.grad.data_ptr() != view.data_ptr():
+                    view.copy_(p.grad)
+                if self.stage == 1:
+                    p.grad = view
+        self._written.clear()
         if self.stage == 1:
             self._grads = grads
         mine = _reduce_scatter_flat(grads, self.group).div_(self.world_size)   # (S,) sum, then / N
@@ -224,9 +253,93 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._ready.clear()
 
     def _grad_ready(self, param) -> None:
+        # one element of what backward wrote, to tell at step() whether the gradients were scaled
+        # since (torch.nn.utils.clip_grad_norm_ would clip by this rank's own norm, before the average)
+        if param.grad.numel():
+            self._written[id(param)] = param.grad.detach().reshape(-1)[:1].clone()
+        if self.stage == 1:
+            return
+        self._got_grad.add(id(param))
         self._ready.add(id(param))
         if len(self._ready) == len(self.params):  # the last gradient of this backward arrived
             self._reduce_gradients()
+
+    def _scaled_since_backward(self) -> float:
+        """The factor this rank's gradients were all multiplied by since backward wrote them (1.0: none).
+
+        ``torch.nn.utils.clip_grad_norm_`` multiplies every gradient of a rank by one factor, its own;
+        a change that is not one factor for all (a tied weight's gradient all-reduced over another
+        group) is not a clip and counts as 1.0. Read from one element per parameter.
+        """
+        pairs = [(self._written[id(p)], p.grad.detach().reshape(-1)[:1]) for p in self.params
+                 if p.grad is not None and id(p) in self._written]
+        if not pairs:
+            return 1.0
+        before = torch.cat([b for b, _ in pairs]).double()
+        now = torch.cat([n for _, n in pairs]).double()
+        ratios = (now[before != 0] / before[before != 0])
+        ratios = ratios[ratios.isfinite()]
+        if not ratios.numel():
+            return 1.0
+        lo, hi = ratios.min().item(), ratios.max().item()
+        return hi if abs(hi - lo) <= 1e-5 * max(abs(hi), abs(lo)) else 1.0
+
+    def _finish_gradients(self) -> list[bool] | None:
+        """Average this step's gradients into the shard (once: by clip_grad_norm_ or by step()).
+
+        Agrees with the other ranks (one small all-reduce) on which parameters got a gradient on
+        some rank — ``torch.optim`` skips a parameter whose ``.grad`` is ``None``, and so must
+        step() — and on the factor each rank's gradients were scaled by since backward (refused if
+        the factors differ: a per-rank clip). Returns, per
+        parameter, whether some rank had a gradient for it (``None``: no gradient anywhere).
+        """
+        if self._averaged:
+            return self._last_used
+        self._check_trainable_unchanged()
+        if self.stage == 1:
+            has = [p.grad is not None for p in self.params]
+        else:
+            has = [id(p) in self._got_grad or p.grad is not None for p in self.params]
+        factor = self._scaled_since_backward()
+        flags = torch.tensor([float(h) for h in has] + [factor, -factor], dtype=torch.float64,
+                             device=self.flat.device)
+        if self.world_size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+        *used, hi, lo = flags.tolist()
+        used, lo = [bool(u) for u in used], -lo
+        if hi - lo > 1e-5 * max(abs(hi), abs(lo)):
+            raise RuntimeError(
+                f"the gradients were scaled between backward() and ZeroOptimizer's step() by factors from "
+                f"{lo:.6g} to {hi:.6g} on the ranks (this rank: {factor:.6g}). ZeroOptimizer averages the "
+                "gradients over the ranks inside step(), so until then each rank holds its own un-averaged "
+                "gradients: torch.nn.utils.clip_grad_norm_(model.parameters(), …) clips each rank by its "
+                "own norm and would train differently from DDP. Clip with opt.clip_grad_norm_(max_norm) instead "
+                "(the global norm of the averaged gradients, as FSDP's clip_grad_norm_).")
+        self._last_used = used if any(used) else None
+        if self._last_used is None:               # no gradient anywhere: step() changes nothing
+            return None
+        was = {i: self._used[id(p)] for i, p in enumerate(self.params) if id(p) in self._used}
+        flipped = [i for i, u in was.items() if u != used[i]]
+        if flipped:
+            i = flipped[0]
+            g = self._group_of[i]
+            k = next(j for j, q in enumerate(q for q in self.param_groups[g]["params"] if q.requires_grad)
+                     if q is self.params[i])
+            now = "got a gradient" if used[i] else "got no gradient on any rank"
+            raise RuntimeError(
+                f"trainable parameter {i} (param_groups[{g}], trainable parameter {k}, shape "
+                f"{tuple(self.params[i].shape)}) {now} in this step, unlike in the earlier ones "
+                f"({len(flipped)} such parameter(s)). torch.optim skips a parameter whose .grad is None and "
+                "keeps a step count per parameter; ZeroOptimizer updates each group's slice as one tensor, "
+                "with one step count, so it cannot skip a parameter in some steps and not in others without "
+                "training differently. Use every trainable parameter in every step (on some rank), or freeze "
+                "the ones you do not train (requires_grad_(False) before building the optimizer) and add "
+                "them later with add_param_group().")
+        for i, p in enumerate(self.params):
+            self._used[id(p)] = used[i]
+        if self.stage == 1 or self._ready or any(p.grad is not None for p in self.params):
+            self._reduce_gradients()
+        return used
 
     # -- the step: 2) average gradients, 3) update my shard, 4) all-gather parameters -------------
     @torch.no_grad()
@@ -236,18 +349,102 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_trainable_unchanged()
-        if self.stage == 1 or self._ready:      # stage 2: only a backward that missed a parameter
-            if any(p.grad is not None for p in self.params):
-                self._reduce_gradients()
+        used = self._finish_gradients()           # stage 2: reduced already, unless a parameter missed
+        self._averaged = False
         for piece, (lo, hi) in self._pieces:      # each group's piece sees its slice of the gradient
             if piece is not None:
-                piece.grad = None if self.shard.grad is None else self.shard.grad[lo:hi]
+                piece.grad = None if used is None or self.shard.grad is None else self.shard.grad[lo:hi]
         books.sync_options(self.param_groups, self.optimizer.param_groups)   # lr from a scheduler
+        kept = self._keep_unused(used)
         self.optimizer.step()
+        self._restore_unused(kept)
         _all_gather_flat(self.flat, self.group)
         self._consolidated = None
+        self._stepped = True
         return loss
+
+    def _keep_unused(self, used: list[bool] | None) -> list:
+        """This rank's slices of the parameters no rank had a gradient for, and of their state.
+
+        ``torch.optim`` leaves such a parameter as it is (no weight decay, no momentum); the inner
+        optimizer updates a whole piece, so step() puts the slices back afterwards.
+        """
+        if used is None or all(used):
+            return []
+        start = self.ranges[self.rank][0]
+        kept = []
+        for i, (p, offset) in enumerate(zip(self.params, self.offsets)):
+            a, b = max(offset, start), min(offset + p.numel(), self.ranges[self.rank][1])
+            if used[i] or a >= b:
+                continue
+            piece, (lo, _) = self._pieces[self._group_of[i]]
+            state = {k: v[a - start - lo:b - start - lo].clone()
+                     for k, v in self.optimizer.state.get(piece, {}).items() if _per_element(v, piece)}
+            kept.append((piece, a - start, b - start, lo, self.shard[a - start:b - start].clone(), state))
+        return kept
+
+    def _restore_unused(self, kept: list) -> None:
+        for piece, a, b, lo, values, state in kept:
+            self.shard[a:b] = values
+            for k, v in self.optimizer.state.get(piece, {}).items():
+                if _per_element(v, piece):        # a state born in this step: as if never touched
+                    v[a - lo:b - lo] = state[k] if k in state else 0
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip the averaged gradients by their global norm; returns that norm (before clipping).
+
+        The ZeroOptimizer counterpart of ``torch.nn.utils.clip_grad_norm_`` on a DDP model (and of
+        FSDP's ``clip_grad_norm_``): call it on every rank after the last backward and before
+        ``step()``. It averages the gradients over the ranks (the reduce-scatter ``step()``
+        would do; ``step()`` then does not do it again), computes the norm of the whole averaged
+        gradient — each rank's share of ``Σ|g|^p`` over its slice, all-reduced — and multiplies
+        this rank's slice by ``min(1, max_norm / (norm + 1e-6))``, torch's formula. The norm equals
+        DDP's within a rounding (DDP sums per-parameter norms in another order), so the clipped
+        training matches DDP + ``torch.nn.utils.clip_grad_norm_`` within a rounding per step, and
+        bit for bit on 2 ranks when no step is clipped. Afterwards only this rank's slice
+        (``opt.shard.grad``) holds averaged gradients: in stage 1 the model's ``.grad`` hold
+        partial sums of the reduce-scatter, in stage 2 they are ``None``.
+
+        ``torch.nn.utils.clip_grad_norm_(model.parameters(), …)`` does not work here — before
+        ``step()`` each rank holds its own un-averaged gradients (stage 1), or none (stage 2: it
+        returns 0.0) — and in stage 1 ``step()`` refuses gradients scaled since backward by
+        factors that differ between the ranks (what torch's function does when it clips).
+
+        Example::
+
+            >>> import torch, gpucourse as gc
+            >>> def clipped(rank, world_size):
+            ...     torch.manual_seed(0)
+            ...     model = torch.nn.Linear(4, 3)
+            ...     opt = gc.ZeroOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+            ...     model(torch.randn(4, 4)[rank::2]).square().sum().backward()
+            ...     norm = opt.clip_grad_norm_(1.0)                # the same on every rank
+            ...     after = opt.clip_grad_norm_(1.0)               # already clipped: norm 1
+            ...     opt.step(); opt.zero_grad()
+            ...     return round(norm.item(), 4), round(after.item(), 4)
+            >>> (n0, a0), (n1, a1) = gc.launch(clipped, 2)
+            >>> n0 == n1 and n0 > 1.0, a0, a1
+            (True, 1.0, 1.0)
+        """
+        max_norm, norm_type = float(max_norm), float(norm_type)
+        self._finish_gradients()
+        self._averaged = True
+        grad = self.shard.grad
+        if grad is None:
+            grad = torch.zeros_like(self.shard)
+        if norm_type == float("inf"):
+            total = grad.abs().max() if grad.numel() else grad.new_zeros(())
+            if self.world_size > 1:
+                dist.all_reduce(total, op=dist.ReduceOp.MAX, group=self.group)
+        else:
+            total = torch.linalg.vector_norm(grad, norm_type).pow(norm_type)
+            if self.world_size > 1:
+                dist.all_reduce(total, group=self.group)
+            total = total.pow(1.0 / norm_type)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        grad.mul_(coef)
+        return total
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the model's gradients and the shard's gradient, as ``torch.optim`` does.
@@ -258,9 +455,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         backward, which ``step()`` then copies into the buffer.
         """
         self.shard.grad = None
+        self._stepped = self._averaged = False
         for piece, _ in self._pieces:
             if piece is not None:
                 piece.grad = None
+        if set_to_none:                           # torch: .grad None (False: zeros, still a gradient)
+            self._got_grad.clear()
+        self._written.clear()
         if not set_to_none and self._grads is not None:
             self._grads.zero_()
         for p in self.params:
@@ -295,31 +496,48 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                "and add newly unfrozen ones with add_param_group() (their state starts "
                                "fresh, as in torch.optim), or build a new ZeroOptimizer.")
 
-    # -- checkpoints: this rank's slice, or the whole state gathered on one rank -------------------
+    # -- checkpoints: the whole state gathered on one rank, or this rank's slice -------------------
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Gather the whole state on rank ``to``, as ``ZeroRedundancyOptimizer.consolidate_state_dict``.
 
         A collective: every rank calls it. Until the next ``step()``, :meth:`state_dict` on rank
         ``to`` then returns the state of every parameter in ``torch.optim``'s format — loadable by
-        a ``ZeroOptimizer`` on any number of ranks, or by the plain optimizer on the whole model.
+        a ``ZeroOptimizer`` on any number of ranks, or by the plain optimizer on the whole model
+        (on the other ranks it raises, as ``ZeroRedundancyOptimizer``'s).
         """
         validate.check_int("to", to, 0, maximum=self.world_size - 1)
         self._consolidated = books.gather_full_state(self, to)
 
     def state_dict(self) -> dict:
-        """This rank's slice of the state (no communication), or the whole state right after
-        :meth:`consolidate_state_dict` on the rank that received it.
+        """The whole state in ``torch.optim``'s format, on the rank that :meth:`consolidate_state_dict`
+        sent it to, as ``ZeroRedundancyOptimizer.state_dict``; raises anywhere else.
 
-        Save one slice per rank and reload each on the same rank of the same world size; or
-        consolidate, save rank ``to``'s whole state, and reload it on any number of ranks.
+        Loadable by a ``ZeroOptimizer`` on any number of ranks, or by the plain optimizer on the
+        whole model. Without consolidating first (on every rank) there is no whole state to return
+        — each rank holds only its slice — so this raises at once instead of saving a slice that
+        fails only when loaded; :meth:`shard_state_dict` returns the slice, on purpose.
         """
-        if self._consolidated is not None:
-            return self._consolidated
+        if self._consolidated is None:
+            raise RuntimeError(
+                f"ZeroOptimizer.state_dict() on rank {self.rank}: the optimizer state is sharded and has not "
+                "been consolidated on this rank since the last step(). Call opt.consolidate_state_dict(to=0) on "
+                "every rank first, then opt.state_dict() on rank 0 (as torch's ZeroRedundancyOptimizer); or "
+                "save each rank's own slice with opt.shard_state_dict() and reload it on the same rank of the "
+                "same number of ranks.")
+        return self._consolidated
+
+    def shard_state_dict(self) -> dict:
+        """This rank's slice of the state (no communication), marked with its rank and layout.
+
+        Save one per rank and reload each with :meth:`load_state_dict` on the same rank of the
+        same number of ranks; for a checkpoint that loads anywhere, consolidate instead.
+        """
         return books.shard_state_dict(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load a whole state (from :meth:`consolidate_state_dict`, or a plain optimizer's on the same
-        parameter groups) and keep this rank's slice, or reload this rank's own slice."""
+        parameter groups) and keep this rank's slice, or reload this rank's own slice (from
+        :meth:`shard_state_dict`)."""
         validate.check_type("state_dict", state_dict, dict)
         if books.SHARD_KEY in state_dict:
             books.load_shard_state(self, state_dict)
@@ -328,6 +546,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         books.sync_options(self.param_groups, self.optimizer.param_groups)
         self.state = self.optimizer.state
         self._consolidated = None
+
+
+def _per_element(value, piece) -> bool:
+    """Is this state tensor one value per element of ``piece`` (Adam's moments, SGD's momentum)?"""
+    return isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == piece.numel()
 
 
 def _broadcast_in_place(p: torch.Tensor, src: int, group) -> None:

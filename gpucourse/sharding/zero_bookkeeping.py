@@ -166,13 +166,14 @@ def shard_state_dict(opt) -> dict:
 
 
 def load_shard_state(opt, state_dict: dict) -> None:
-    """Reload a slice saved by :func:`shard_state_dict` on this same rank of the same layout."""
+    """Reload a slice saved by :func:`shard_state_dict` (``opt.shard_state_dict()``) on this same rank
+    of the same layout."""
     saved, mine = state_dict[SHARD_KEY], {"rank": opt.rank, "world_size": opt.world_size,
                                           "parameters": opt.layout.signature(opt.param_groups)}
     if (saved.get("rank"), saved.get("world_size")) != (mine["rank"], mine["world_size"]):
         raise ValueError(f"state_dict holds the optimizer state of rank {saved.get('rank')} of "
                          f"{saved.get('world_size')}, but this is rank {opt.rank} of {opt.world_size}: load "
-                         "each rank's own state_dict(), or a whole state from consolidate_state_dict() "
+                         "each rank's own shard_state_dict(), or a whole state from consolidate_state_dict() "
                          "(it loads on any number of ranks)")
     if saved.get("parameters") != mine["parameters"]:
         raise ValueError("state_dict was saved for other parameters (shapes or requires_grad differ, "
@@ -220,7 +221,10 @@ def gather_full_state(opt, to: int | None) -> dict | None:
         keys = sorted({k for _, s in pieces for k in s})
         if not keys:
             continue
-        params = trainable_of[g]                          # [(id, param, offset), ...]
+        # [(id, param, offset), ...]; a parameter that never had a gradient has no state, as in torch.optim
+        params = [t for t in trainable_of[g] if opt._used.get(id(t[1]), True)]
+        if not params:
+            continue
         for pid, _, _ in params:
             state[pid] = {}
         for key in keys:

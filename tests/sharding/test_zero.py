@@ -109,7 +109,7 @@ def _resume(rank, world_size, stage, path):
     opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=stage, lr=0.5)
     opt.load_state_dict(ckpt["optimizer"])
     opt.consolidate_state_dict(to=0)
-    roundtrip = opt.state_dict()                   # rank 0: whole; the others: their slice
+    roundtrip = opt.state_dict() if rank == 0 else None    # the whole state, on rank 0 only
     _train_zero(model, opt, rank, world_size, 3, first=3)
     return model.state_dict(), roundtrip, opt.param_groups[0]["lr"]
 

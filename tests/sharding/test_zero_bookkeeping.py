@@ -42,7 +42,7 @@ def _per_rank_checkpoint(rank, world_size, stage):
     model = make_model()
     opt = gc.ZeroOptimizer(groups(model), torch.optim.AdamW, stage=stage, lr=0.02)
     train(model, opt, rank, world_size, range(2))
-    saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())  # this rank's slice
+    saved_model, saved_opt = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.shard_state_dict())  # this rank's slice
     train(model, opt, rank, world_size, range(2, STEPS))
 
     resumed = make_model()
@@ -87,7 +87,8 @@ def _unfreeze_mid_run(rank, world_size, stage):
         train(model, opt, rank, world_size, range(2, STEPS), average=name == "reference")
         if name == "ours":
             opt.consolidate_state_dict(to=0)
-        runs[name] = [p.detach().clone() for p in model.parameters()], opt.state_dict()
+        runs[name] = ([p.detach().clone() for p in model.parameters()],
+                      opt.state_dict() if name != "ours" or rank == 0 else None)   # consolidated on rank 0
     return runs
 
 
@@ -126,4 +127,4 @@ def _load_and_consolidate(rank, world_size, model_state, state):
     opt = gc.ZeroOptimizer(groups(model), torch.optim.AdamW, lr=0.5)
     opt.load_state_dict(state)
     opt.consolidate_state_dict(to=0)
-    return opt.state_dict()
+    return opt.state_dict() if rank == 0 else None          # the whole state, on rank 0 only

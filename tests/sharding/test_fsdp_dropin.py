@@ -1,0 +1,195 @@
+"""FullyShardedModule as a drop-in for FSDP2 / DDP where it used to train differently without a word
+(issue 40): clipping by the global norm, weight-decay groups by ``p.dim()``. Every test runs the
+PyTorch original next to it on 2 gloo ranks."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gpucourse as gc
+
+STEPS = 4
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def batch(step, rank, world_size):
+    g = torch.Generator().manual_seed(700 + step)            # new data every step
+    x, y = torch.randn(8, 6, generator=g) * (1 + step), torch.randn(8, 3, generator=g)
+    return x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+
+
+def _fsdp2(model):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def _full(model):
+    if isinstance(model, gc.FullyShardedModule):
+        return model.full_state_dict()
+    state = getattr(model, "module", model).state_dict()
+    return {k: getattr(v, "full_tensor", lambda v=v: v)().detach().clone() for k, v in state.items()}
+
+
+def _clip_run(rank, world_size, way, max_norm):
+    model = make_model()
+    model = {"ddp": DDP, "fsdp2": _fsdp2, "ours": gc.FullyShardedModule}[way](model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    norms = []
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x), y).backward()
+        if way == "ours":
+            norm = model.clip_grad_norm_(max_norm)
+        else:                                                  # FSDP2: DTensors make it global
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            norm = getattr(norm, "full_tensor", lambda: norm)()
+        norms.append(norm.item())
+        opt.step()
+        opt.zero_grad()
+    return _full(model), norms
+
+
+def test_clip_grad_norm_equals_ddp_and_fsdp2():
+    """Clipping in every step: the norm and the parameters equal DDP's and FSDP2's (each with
+    torch.nn.utils.clip_grad_norm_) within a rounding — the norms are summed in other orders."""
+    max_norm = 0.05
+    ref = {way: gc.launch(_clip_run, 2, args=(way, max_norm), timeout=120)[0] for way in ("ddp", "fsdp2")}
+    assert min(ref["ddp"][1]) > 4 * max_norm                   # every step is clipped
+    for state, norms in gc.launch(_clip_run, 2, args=("ours", max_norm), timeout=120):
+        for theirs, their_norms in ref.values():
+            torch.testing.assert_close(torch.tensor(norms), torch.tensor(their_norms), rtol=1e-6, atol=0)
+            for k, v in theirs.items():
+                torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+    unclipped, _ = gc.launch(_clip_run, 2, args=("ddp", 1e9), timeout=120)[0]    # (clipping matters)
+    assert max((unclipped[k] - v).abs().max().item() for k, v in ref["ddp"][0].items()) > 1e-3
+
+
+def test_clip_grad_norm_that_does_not_clip_is_bit_for_bit():
+    ddp, ddp_norms = gc.launch(_clip_run, 2, args=("ddp", 1e9), timeout=120)[0]
+    for state, norms in gc.launch(_clip_run, 2, args=("ours", 1e9), timeout=120):
+        assert all(torch.equal(state[k], v) for k, v in ddp.items())
+        torch.testing.assert_close(torch.tensor(norms), torch.tensor(ddp_norms), rtol=1e-6, atol=0)
+
+
+def param_groups(model):                 # the usual recipe: weight decay on matrices only
+    return [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def _grouped(rank, world_size, way):
+    model = make_model()
+    model = _fsdp2(model) if way == "fsdp2" else gc.FullyShardedModule(model)
+    try:
+        opt = torch.optim.AdamW(param_groups(model), lr=0.01)
+    except RuntimeError as e:
+        return str(e)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model)
+
+
+def test_weight_decay_groups_by_dim_fail_loudly_instead_of_decaying_nothing():
+    """FSDP2 keeps each parameter's shape, so ``p.dim() >= 2`` picks the matrices; a flat shard
+    cannot, and grouping by it used to put everything in the no-decay group."""
+    theirs = gc.launch(_grouped, 2, args=("fsdp2",), timeout=120)[0]
+    no_decay = gc.launch(_clip_run, 2, args=("ddp", 1e9), timeout=120)[0][0]    # (weight_decay 0.1 all)
+    assert isinstance(theirs, dict)                            # FSDP2 trains with the groups
+    assert not torch.equal(theirs["0.weight"], no_decay["0.weight"])
+    for msg in gc.launch(_grouped, 2, args=("ours",), timeout=120):
+        assert isinstance(msg, str), "p.dim() on a shard did not raise"
+        assert "p.dim()" in msg and "unit '0' (weight, bias)" in msg and "one group" in msg, msg
+
+
+def _shard_basics(rank, world_size):
+    model = gc.FullyShardedModule(make_model())
+    p = model.shards[0]
+    return tuple(p.shape), p.numel(), "unit '0'" in repr(p), type(p.detach()) is torch.Tensor
+
+
+def test_a_shard_still_works_as_a_1d_parameter():
+    assert gc.launch(_shard_basics, 2, timeout=60)[0] == ((56,), 56, True, True)
+
+
+def _torch_clip(rank, world_size, way, max_norm):
+    model = make_model()
+    model = _fsdp2(model) if way == "fsdp2" else gc.FullyShardedModule(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for step in range(2):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)   # FSDP2: global; ours: this rank's
+        before = _full(model)
+        try:
+            opt.step()
+        except RuntimeError as e:
+            return str(e), all(torch.equal(v, before[k]) for k, v in _full(model).items())
+        opt.zero_grad()
+    return _full(model), None
+
+
+def test_torch_clip_grad_norm_on_shards_is_refused_at_step():
+    """torch's function on FSDP2's DTensors clips by the global norm; on flat shards it would clip
+    each rank by its own part — the optimizer's step refuses, naming the method to call."""
+    theirs, _ = gc.launch(_torch_clip, 2, args=("fsdp2", 0.05), timeout=120)[0]
+    assert isinstance(theirs, dict)
+    for msg, untouched in gc.launch(_torch_clip, 2, args=("ours", 0.05), timeout=120):
+        assert isinstance(msg, str), "a per-rank clip was not refused"
+        assert "model.clip_grad_norm_(max_norm)" in msg and untouched, msg
+    # a max_norm no rank reaches multiplies by 1.0 everywhere: nothing differs, nothing refused
+    fsdp2, _ = gc.launch(_torch_clip, 2, args=("fsdp2", 1e9), timeout=120)[0]
+    ours, _ = gc.launch(_torch_clip, 2, args=("ours", 1e9), timeout=120)[0]
+    assert all(torch.equal(ours[k], v) for k, v in fsdp2.items())
+
+
+GPT = dict(vocab_size=16, seq_len=8, num_layers=2, hidden=8, num_heads=2)
+
+
+def _gpt_clip(rank, world_size, way):
+    torch.manual_seed(0)
+    model = gc.TinyGPT(**GPT)                                  # the head is tied to the embedding
+    kw = dict(lr=0.02, eps=1e-4, weight_decay=0.1)
+    if way == "ddp":
+        model = DDP(model)
+        opt = torch.optim.AdamW(model.parameters(), **kw)
+        clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), 0.2)   # noqa: E731
+    elif way == "fsdp":
+        model = gc.FullyShardedModule(model)
+        opt = torch.optim.AdamW(model.parameters(), **kw)
+        clip = lambda: model.clip_grad_norm_(0.2)              # noqa: E731
+    else:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, **kw)
+        clip = lambda: opt.clip_grad_norm_(0.2)                # noqa: E731
+    norms = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(900 + step)
+        x, y = (torch.randint(0, GPT["vocab_size"], (8, GPT["seq_len"]), generator=g) for _ in range(2))
+        x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        norms.append(clip().item())
+        opt.step()
+        opt.zero_grad()
+    return _full(model), norms
+
+
+@pytest.mark.parametrize("way", [1, 2, "fsdp"])
+def test_tied_tinygpt_clipped_trains_like_ddp(way):
+    """The issue's second script: TinyGPT with a tied head, clipped in every step."""
+    ddp, ddp_norms = gc.launch(_gpt_clip, 2, args=("ddp",), timeout=120)[0]
+    assert min(ddp_norms) > 0.3                                 # every step is clipped
+    for state, norms in gc.launch(_gpt_clip, 2, args=(way,), timeout=120):
+        torch.testing.assert_close(torch.tensor(norms), torch.tensor(ddp_norms), rtol=1e-6, atol=0)
+        for k, v in ddp.items():
+            torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")

@@ -1,0 +1,288 @@
+"""ZeroOptimizer as a drop-in for DDP + torch.optim / ZeroRedundancyOptimizer, where it used to train
+differently without a word (issue 40): clipping by the global norm, parameters without gradients,
+state_dict() without consolidating. Every test runs the PyTorch original next to it on 2 gloo ranks."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gpucourse as gc
+
+STEPS = 4
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def batch(step, rank, world_size):
+    g = torch.Generator().manual_seed(500 + step)            # new data every step
+    x, y = torch.randn(8, 6, generator=g) * (1 + step), torch.randn(8, 3, generator=g)
+    return x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+
+
+def _clip_run(rank, world_size, way, max_norm, accumulation=1):
+    model = make_model()
+    if way == "ddp":
+        model = DDP(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    else:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01, weight_decay=0.1)
+    norms = []
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        for i, (xm, ym) in enumerate(zip(x.tensor_split(accumulation), y.tensor_split(accumulation))):
+            last = i == accumulation - 1
+            with model.no_sync() if way == "ddp" and not last else contextlib.nullcontext():
+                (F.mse_loss(model(xm), ym) / accumulation).backward()
+        if way == "ddp":
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        else:
+            norm = opt.clip_grad_norm_(max_norm)
+        norms.append(norm.item())
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()], norms
+
+
+@pytest.mark.parametrize("stage, accumulation", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_clip_grad_norm_equals_ddp_and_torch_clip(stage, accumulation):
+    """Clipping in every step (max_norm below every norm): norms and parameters equal DDP +
+    torch.nn.utils.clip_grad_norm_ within a rounding — torch sums per-parameter norms, the shards
+    sum slices, so the norm (and the clip factor) may differ in the last place."""
+    max_norm = 0.05
+    ddp_params, ddp_norms = gc.launch(_clip_run, 2, args=("ddp", max_norm, accumulation), timeout=120)[0]
+    results = gc.launch(_clip_run, 2, args=(stage, max_norm, accumulation), timeout=120)
+    assert min(ddp_norms) > 4 * max_norm                       # every step is clipped
+    for params, norms in results:                              # the global norm, the same on both ranks
+        torch.testing.assert_close(torch.tensor(norms), torch.tensor(ddp_norms), rtol=1e-6, atol=0)
+        for p, q in zip(params, ddp_params):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # (the clipping matters: without it the parameters end far from DDP's)
+    unclipped, _ = gc.launch(_clip_run, 2, args=("ddp", 1e9), timeout=120)[0]
+    assert max((p - q).abs().max().item() for p, q in zip(unclipped, ddp_params)) > 1e-3
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_clip_grad_norm_that_does_not_clip_is_bit_for_bit(stage):
+    """max_norm above every norm: torch multiplies by 1.0, and so does clip_grad_norm_ — the same
+    arithmetic, so 2 ranks train bit for bit like DDP."""
+    ddp_params, ddp_norms = gc.launch(_clip_run, 2, args=("ddp", 1e9), timeout=120)[0]
+    for params, norms in gc.launch(_clip_run, 2, args=(stage, 1e9), timeout=120):
+        assert all(torch.equal(p, q) for p, q in zip(params, ddp_params))
+        torch.testing.assert_close(torch.tensor(norms), torch.tensor(ddp_norms), rtol=1e-6, atol=0)
+
+
+def _norm_types(rank, world_size, stage, norm_type):
+    model = make_model()
+    opt = gc.ZeroOptimizer(model.parameters(), torch.optim.SGD, stage=stage, lr=0.1)
+    ddp = DDP(make_model())
+    sharded = gc.FullyShardedModule(make_model())
+    x, y = batch(0, rank, world_size)
+    for m in (model, ddp, sharded):
+        F.mse_loss(m(x), y).backward()
+    return (opt.clip_grad_norm_(0.01, norm_type=norm_type).item(),
+            sharded.clip_grad_norm_(0.01, norm_type).item(),
+            torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.01, norm_type=norm_type).item())
+
+
+@pytest.mark.parametrize("stage, norm_type", [(1, float("inf")), (2, 1.0), (1, 3.0)])
+def test_clip_grad_norm_other_norm_types_are_global(stage, norm_type):
+    """The inf-norm is a max (no rounding: equal); p-norms sum |g|^p over the ranks' slices."""
+    for zero, fsdp, theirs in gc.launch(_norm_types, 2, args=(stage, norm_type), timeout=120):
+        if norm_type == float("inf"):
+            assert zero == fsdp == theirs
+        assert zero == pytest.approx(theirs, rel=1e-6) and fsdp == pytest.approx(theirs, rel=1e-6)
+
+
+def _torch_clip_on_zero(rank, world_size, stage, change):
+    model = make_model()
+    opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=stage, lr=0.01)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batch(0, rank, world_size)
+    F.mse_loss(model(x), y).backward()
+    if change == "torch clip":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)         # each rank by its own norm
+    elif change == "torch clip, never reached":
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)          # multiplies by 1.0 everywhere
+    elif change == "the same factor everywhere":
+        for p in model.parameters():
+            p.grad.mul_(0.5)
+    elif change == "one gradient summed over ranks":                     # as a tied weight across stages
+        torch.distributed.all_reduce(model[0].weight.grad)
+    try:
+        opt.step()
+    except RuntimeError as e:
+        return str(e), all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    return "no error", None
+
+
+def test_torch_clip_grad_norm_on_zero_stage1_is_refused_naming_the_right_call():
+    for msg, untouched in gc.launch(_torch_clip_on_zero, 2, args=(1, "torch clip"), timeout=120):
+        assert "opt.clip_grad_norm_(max_norm)" in msg and "scaled" in msg, msg
+        assert untouched                                       # refused before anything changed
+
+
+@pytest.mark.parametrize("change", ["torch clip, never reached", "the same factor everywhere",
+                                    "one gradient summed over ranks"])
+def test_gradient_changes_that_are_not_a_per_rank_clip_pass(change):
+    """Only a factor that differs between the ranks is refused: torch's clip that clips nothing,
+    a scale shared by all ranks, or an all-reduce of one gradient (a tied weight) train as DDP."""
+    for msg, _ in gc.launch(_torch_clip_on_zero, 2, args=(1, change), timeout=120):
+        assert msg == "no error"
+
+
+# --- a parameter that gets no gradient on any rank: torch.optim leaves it as it is ---------------
+
+class WithUnused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.unused, self.b = nn.Linear(6, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)))
+
+
+def _unused_run(rank, world_size, way, set_to_none):
+    model = WithUnused()
+    kw = dict(lr=0.01, weight_decay=0.1)
+    if way == "ddp":
+        model = DDP(model, find_unused_parameters=True)
+        opt = torch.optim.AdamW(model.parameters(), **kw)
+    elif way == "zero_redundancy":
+        model = DDP(model, find_unused_parameters=True)
+        opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, **kw)
+    else:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, **kw)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+    state = None
+    if way != "ddp":
+        opt.consolidate_state_dict(to=0)
+    if way == "ddp" or rank == 0:
+        state = opt.state_dict()
+    return {k: v.detach().clone() for k, v in getattr(model, "module", model).state_dict().items()}, state
+
+
+@pytest.mark.parametrize("stage, set_to_none", [(1, True), (2, True), (1, False), (2, False)])
+def test_a_parameter_without_gradient_anywhere_is_left_untouched(stage, set_to_none):
+    ddp, ddp_state = gc.launch(_unused_run, 2, args=("ddp", set_to_none), timeout=120)[0]
+    zro, _ = gc.launch(_unused_run, 2, args=("zero_redundancy", set_to_none), timeout=120)[0]
+    initial = WithUnused().state_dict()
+    assert torch.equal(ddp["unused.weight"], initial["unused.weight"])     # what torch does
+    for rank, (ours, state) in enumerate(gc.launch(_unused_run, 2, args=(stage, set_to_none), timeout=120)):
+        for k in ddp:                                          # 2 ranks: bit for bit, the unused layer too
+            assert torch.equal(ours[k], ddp[k]), k
+            assert torch.equal(ours[k], zro[k]), k
+        if rank == 0:                                          # no state for it, as in torch.optim
+            assert state["state"].keys() == ddp_state["state"].keys()
+            for i, s in ddp_state["state"].items():
+                for key, v in s.items():
+                    torch.testing.assert_close(state["state"][i][key], v, atol=1e-7, rtol=1e-6)
+
+
+class Sometimes(WithUnused):
+    def forward(self, x, use):
+        h = torch.tanh(self.a(x))
+        return self.b(torch.tanh(self.unused(h)) if use else h)
+
+
+def _sometimes(rank, world_size, stage, first_use):
+    model = Sometimes()
+    opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=stage, lr=0.01, weight_decay=0.1)
+    for step in range(3):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x, use=(step == 0) == first_use), y).backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        try:
+            opt.step()
+        except RuntimeError as e:
+            return step, str(e), all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+        opt.zero_grad()
+    return None, "no error", None
+
+
+@pytest.mark.parametrize("stage, first_use", [(1, True), (2, True), (1, False), (2, False)])
+def test_a_parameter_used_in_some_steps_only_is_refused(stage, first_use):
+    """torch.optim keeps a step count per parameter and skips one without a gradient: a slice
+    updated as one tensor cannot (Adam's bias correction would differ) — refused on every rank,
+    before anything changed, instead of training differently."""
+    for step, msg, untouched in gc.launch(_sometimes, 2, args=(stage, first_use), timeout=120):
+        assert step == 1 and untouched, msg
+        assert "in some steps and not in others" in msg and "shape (8, 8)" in msg, msg
+
+
+# --- state_dict() without consolidate_state_dict(): torch's raises at once, so does ours ---------
+
+def _state_dict_unconsolidated(rank, world_size, way):
+    model = make_model()
+    if way == "torch":
+        opt = ZeroRedundancyOptimizer(model.parameters(), torch.optim.AdamW, lr=0.01)
+    else:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01)
+    x, y = batch(0, rank, world_size)
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    out = []
+    for consolidate in (False, True):
+        if consolidate:
+            opt.consolidate_state_dict(to=0)
+        try:
+            out.append(sorted(opt.state_dict()))
+        except RuntimeError as e:
+            out.append(str(e))
+    return out
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_state_dict_without_consolidating_raises_as_zero_redundancy_optimizer(stage):
+    theirs = gc.launch(_state_dict_unconsolidated, 2, args=("torch",), timeout=120)
+    ours = gc.launch(_state_dict_unconsolidated, 2, args=(stage,), timeout=120)
+    for rank in range(2):
+        (t_before, t_after), (o_before, o_after) = theirs[rank], ours[rank]
+        assert isinstance(t_before, str) and isinstance(o_before, str)          # both refuse
+        assert "consolidate_state_dict(to=0)" in o_before and "shard_state_dict()" in o_before
+        # after consolidating on rank 0: the whole state there, refused elsewhere — as torch's
+        assert isinstance(t_after, str) == isinstance(o_after, str) == (rank != 0)
+        if rank == 0:
+            assert o_after == t_after == ["param_groups", "state"]
+
+
+def _model_zero_grad(rank, world_size, way):
+    model = make_model()
+    if way == "ddp":
+        model = DDP(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    else:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01)
+    try:
+        for step in range(2):
+            x, y = batch(step, rank, world_size)
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            model.zero_grad()                    # the model's, not the optimizer's: common in scripts
+    except RuntimeError as e:
+        return str(e)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_model_zero_grad_trains_as_ddp_or_is_refused(stage):
+    """Stage 2 keeps the gradient in the optimizer's shard, where model.zero_grad() cannot reach: the
+    next backward would add onto the last step's gradient — refused, naming opt.zero_grad()."""
+    ddp = gc.launch(_model_zero_grad, 2, args=("ddp",), timeout=120)[0]
+    for ours in gc.launch(_model_zero_grad, 2, args=(stage,), timeout=120):
+        if stage == 1:
+            assert all(torch.equal(p, q) for p, q in zip(ours, ddp))
+        else:
+            assert isinstance(ours, str) and "opt.zero_grad()" in ours, ours
