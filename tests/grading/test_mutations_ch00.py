@@ -100,6 +100,34 @@ total = share.clone()
 dist.all_reduce(total)
 return share, total
 """,
+        "always float64": """\
+share = values.tensor_split(world_size)[rank].sum().double()     # the exercise says: values' dtype
+total = share.clone()
+dist.all_reduce(total)
+return share, total
+""",
+        # issue 38: right on 2 ranks (where ceil and tensor_split agree), wrong on 3 (7 = 3 + 3 + 1, not 3 + 2 + 2)
+        "ceil chunking": """\
+size = -(-len(values) // world_size)             # every rank but the last gets a full chunk
+share = values[rank * size:(rank + 1) * size].sum()
+total = share.clone()
+dist.all_reduce(total)
+return share, total
+""",
+        "the whole length all-reduced, not the share": """\
+part = torch.zeros_like(values)
+idx = torch.arange(len(values)).tensor_split(world_size)[rank]
+part[idx] = values[idx]
+dist.all_reduce(part)                            # every element travels, not one number per rank
+return values[idx].sum(), part.sum()
+""",
+        "two collectives": """\
+share = values.tensor_split(world_size)[rank].sum()
+total = share.clone()
+dist.all_reduce(total)
+dist.broadcast(total, 0)                         # 'to be sure every rank has it'
+return share, total
+""",
     },
 }
 
@@ -121,8 +149,11 @@ return ids[logical]
 """,
     },
     "00.4": {
-        "always float64": """\
-share = values.tensor_split(world_size)[rank].sum().double()     # right for the visible float64 inputs
+        "rank 0 takes what is left over": """\
+n, q = len(values), len(values) // world_size
+start = 0 if rank == 0 else rank * q + n % world_size     # right while at most one element is left over
+size = q + n % world_size if rank == 0 else q
+share = values[start:start + size].sum()
 total = share.clone()
 dist.all_reduce(total)
 return share, total
