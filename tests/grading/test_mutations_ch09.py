@@ -3,7 +3,8 @@
 Ported from ``test_hidden_checks.WRONG_ANSWERS``: 09.2 (ceil split: now caught by the visible
 check, which has 3 ranks and features that do not divide), 09.3 (no max: still hidden-only, large
 logits), 09.4 (tp and dp swapped: now visible, the meshes are not square), 09.5 (``tp = 1`` not
-special: still hidden-only). Exercise 09.1 changed — the lesson prints the tensor-parallel f and g,
+special: visible since issue 38, which moved the edge ideas an exercise names into the visible
+cases). Exercise 09.1 changed — the lesson prints the tensor-parallel f and g,
 so the exercise asks for sequence parallelism's all-gather / reduce-scatter pair — and its old wrong
 answer ("g's backward sums too") became "the reduce-scatter's backward is the identity, as g's"
 (visible).
@@ -73,6 +74,9 @@ self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
 self.bias = nn.Parameter(linear.bias.detach()[rows].clone())
 """, None],
         "no f in front": [None, "return F.linear(x, self.weight, self.bias)"],
+        "assumes a bias": [_COLUMN_INIT.format(body="""\
+self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
+self.bias = nn.Parameter(linear.bias.detach()[rows].clone())"""), None],
         "torch.chunk": ["""\
 rows = torch.chunk(torch.arange(linear.out_features), world_size)[rank]
 self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
@@ -146,6 +150,7 @@ if rank >= tp * dp:
         "the ring's bytes on the wire": (
             "return 0 if tp == 1 else 4 * layers * batch * seq * hidden * dtype_bytes * 2 * (tp - 1) // tp"),
         "calls the forbidden helper": "return gc.tp_comm_bytes(batch, seq, hidden, layers, tp, dtype_bytes)",
+        "tp = 1 is not special (ported)": "return 4 * layers * batch * seq * hidden * dtype_bytes   # even when tp = 1",
     },
     "09.6": {
         "the bias on every rank, before the sum": """\
@@ -181,6 +186,26 @@ y = partial.clone()
 dist.all_reduce(y)
 return partial, y / world_size + b
 """,
+        "chunk, not tensor_split": """\
+mine = torch.arange(w.shape[1]).chunk(world_size)[rank]    # one feature: one chunk, rank 1 has none to index
+partial = x[:, mine] @ w[:, mine].T
+y = partial.clone()
+dist.all_reduce(y)
+return partial, y + b
+""",
+        # issue 38: right values, no communication (every rank is given the whole w)
+        "y computed on every rank, no collective": """\
+mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
+partial = x[:, mine] @ w[:, mine].T
+return partial, x @ w.T + b
+""",
+        "all-gathers the partials, then sums them": """\
+mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
+partial = x[:, mine] @ w[:, mine].T
+parts = [torch.empty_like(partial) for _ in range(world_size)]
+dist.all_gather(parts, partial)                 # world_size times the bytes of one all-reduce's input
+return partial, torch.stack(parts).sum(0) + b
+""",
     },
 }
 
@@ -194,9 +219,12 @@ return torch.cat(parts, dim=1)
 """, None, None, None],
     },
     "09.2": {
-        "assumes a bias": [_COLUMN_INIT.format(body="""\
+        "rows from its first to its last id": ["""\
+ids = torch.tensor_split(torch.arange(linear.out_features), world_size)[rank]
+rows = slice(ids[0], ids[-1] + 1)                # an empty shard has no first id
 self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
-self.bias = nn.Parameter(linear.bias.detach()[rows].clone())"""), None],
+self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach()[rows].clone())
+""", None],
     },
     "09.3": {
         "no max: exp overflows (ported)": """\
@@ -214,15 +242,19 @@ if rank < 0 or rank > tp * dp:
     raise ValueError(rank)""", result="tp_rank, dp_rank"), None, None],
     },
     "09.5": {
-        "tp = 1 is not special (ported)": "return 4 * layers * batch * seq * hidden * dtype_bytes   # even when tp = 1",
+        "fp32 or bf16 elements only": (
+            "return 0 if tp == 1 else 4 * layers * batch * seq * hidden * (2 if dtype_bytes == 2 else 4)"),
     },
     "09.6": {
-        "chunk, not tensor_split": """\
-mine = torch.arange(w.shape[1]).chunk(world_size)[rank]    # one feature: one chunk, rank 1 has none to index
+        "a zeros buffer of the default dtype": """\
+mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
 partial = x[:, mine] @ w[:, mine].T
-y = partial.clone()
+y = torch.zeros(x.shape[0], w.shape[0])         # float32, whatever x is
+y += partial
+if rank == 0:
+    y += b                                      # the bias once: on rank 0, before the sum
 dist.all_reduce(y)
-return partial, y + b
+return partial, y
 """,
     },
 }
