@@ -315,6 +315,29 @@ return fut
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 return allreduce_hook(None, bucket)
 """,
+        # issue 38: right gradients, no overlap — both passed the visible and the hidden check before
+        "a blocking all-reduce, a completed future": """\
+buffer = bucket.buffer()
+buffer.div_(dist.get_world_size())
+dist.all_reduce(buffer)                          # no async_op: the hook waits for every rank
+fut = torch.futures.Future()
+fut.set_result(buffer)
+return fut
+""",
+        "async, but waited for inside the hook": """\
+buffer = bucket.buffer()
+buffer.div_(dist.get_world_size())
+work = dist.all_reduce(buffer, async_op=True)
+work.wait()                                      # 'to be sure it is done before DDP reads it'
+return work.get_future().then(lambda fut: fut.value()[0])
+""",
+        "the future waited for before it is returned": """\
+buffer = bucket.buffer()
+buffer.div_(dist.get_world_size())
+fut = dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+fut.wait()
+return fut
+""",
     },
 }
 
