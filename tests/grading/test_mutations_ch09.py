@@ -1,7 +1,7 @@
 """Chapter 09: plausible wrong answers its checks must reject (see ``_mutations.py``).
 
 Ported from ``test_hidden_checks.WRONG_ANSWERS``: 09.2 (ceil split: now caught by the visible
-check, which has 3 ranks and features that do not divide), 09.3 (no max: still hidden-only, large
+check, which has 3 ranks and features that do not divide), 09.3 (no max: visible since issue 38, large
 logits), 09.4 (tp and dp swapped: now visible, the meshes are not square), 09.5 (``tp = 1`` not
 special: visible since issue 38, which moved the edge ideas an exercise names into the visible
 cases). Exercise 09.1 changed — the lesson prints the tensor-parallel f and g,
@@ -119,6 +119,14 @@ dist.all_gather(parts, logits_shard.detach().contiguous())
 parts[dist.get_rank()] = logits_shard
 return F.cross_entropy(torch.cat(parts, dim=-1), target)
 """,
+        "no max: exp overflows (ported)": """\
+sum_exp = gc.reduce_from_tensor_parallel(logits_shard.exp().sum(dim=-1))   # no max: exp overflows
+local = target - start
+mine = (local >= 0) & (local < logits_shard.shape[-1])
+picked = logits_shard.gather(-1, local.clamp(0, logits_shard.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+picked = gc.reduce_from_tensor_parallel(torch.where(mine, picked, torch.zeros_like(picked)))
+return (sum_exp.log() - picked).mean()
+""",
     },
     "09.4": {
         "tp and dp swapped (ported)": [_CHECK + """
@@ -235,12 +243,16 @@ self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach()[r
 """, None],
     },
     "09.3": {
-        "no max: exp overflows (ported)": """\
-sum_exp = gc.reduce_from_tensor_parallel(logits_shard.exp().sum(dim=-1))   # no max: exp overflows
+        "the target's logit in a zeros buffer of the default dtype": """\
+m = logits_shard.detach().max(dim=-1).values
+dist.all_reduce(m, op=dist.ReduceOp.MAX)
+shifted = logits_shard - m.unsqueeze(-1)
+sum_exp = gc.reduce_from_tensor_parallel(shifted.exp().sum(dim=-1))
 local = target - start
 mine = (local >= 0) & (local < logits_shard.shape[-1])
-picked = logits_shard.gather(-1, local.clamp(0, logits_shard.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
-picked = gc.reduce_from_tensor_parallel(torch.where(mine, picked, torch.zeros_like(picked)))
+picked = torch.zeros(target.shape[0])            # float32, whatever the logits are
+picked[mine] = shifted[mine, local[mine]]
+picked = gc.reduce_from_tensor_parallel(picked)
 return (sum_exp.log() - picked).mean()
 """,
     },
