@@ -234,6 +234,12 @@ if self.sync_this_backward:
         "no_sync never switched off": [None, None, None, """\
 yield
 """],
+        # was hidden-only; the text names both (issue 38: edge ideas belong in the visible cases)
+        "no try/finally, no restore": [None, None, None, """\
+self.require_sync = False                       # an exception leaves it off,
+yield                                           # and a nested block switches it back on too early
+self.require_sync = True
+"""],
     },
     "04.4": {
         "constant": ["return 0.0", "return caps[0]"],
@@ -366,12 +372,18 @@ return chunks[rank]
 """,
     },
     "04.3": {
-        # ported from test_hidden_checks.py WRONG_ANSWERS["04.3"]: no try/finally, no restore
-        "no try/finally, no restore": [None, None, None, """\
-self.require_sync = False                       # an exception leaves it off,
-yield                                           # and a nested block switches it back on too early
+        "hooks only on the Linear layers' parameters": ["""\
+super().__init__()
+self.module = module
+self.world_size = dist.get_world_size()
 self.require_sync = True
-"""],
+self.sync_this_backward = True
+for layer in module.modules():
+    if isinstance(layer, nn.Linear):             # a LayerNorm's or a bare nn.Parameter's gradient is never averaged
+        for param in layer.parameters():
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self.average)
+""", None, None, None],
     },
     "04.4": {
         # ported from test_hidden_checks.py WRONG_ANSWERS["04.4"]
