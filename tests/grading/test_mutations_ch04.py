@@ -132,6 +132,12 @@ for flat, work in self.launched:
     flat /= self.world_size
 self.launched = []
 """],
+        # ported from test_hidden_checks.py WRONG_ANSWERS["04.1"]; visible since issue 38 (the text says: the
+        # dtype of its parameters)
+        "float32 buckets, whatever the gradients": [INIT.replace(
+            "dtype=group[0].dtype", "dtype=torch.float32").replace(
+            "view = flat[offset:offset + p.numel()].view_as(p)",
+            "view = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)"), None, None],
     },
     "04.2": {
         "the all-reduce's schedule": """\
@@ -353,11 +359,9 @@ return fut
 
 HIDDEN = {
     "04.1": {
-        # ported from test_hidden_checks.py WRONG_ANSWERS["04.1"]: float32 buckets for float64 gradients
-        "float32 buckets, whatever the gradients": [INIT.replace(
-            "dtype=group[0].dtype", "dtype=torch.float32").replace(
-            "view = flat[offset:offset + p.numel()].view_as(p)",
-            "view = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)"), None, None],
+        # an empty first bucket when the very first gradient is larger than the cap (cap 8 bytes)
+        "no check for an empty bucket": [INIT.replace(
+            "if current and size + nbytes > bucket_cap_bytes", "if size + nbytes > bucket_cap_bytes"), None, None],
     },
     "04.2": {
         # ported from test_hidden_checks.py WRONG_ANSWERS["04.2"]: the check's dtype, hard-coded
