@@ -71,6 +71,19 @@ if nprocs > len(visible):
     raise ValueError(nprocs)
 return "nccl", list(range(nprocs))              # cuda:r, not the GPU behind it
 """,
+        # was hidden-only; the text names a negative id ("-1", the usual way to hide GPUs)
+        "only ids past the machine end the list": """\
+visible = list(range(machine_gpus)) if spec is None else []
+for entry in ([] if spec is None else [e for e in spec.split(",") if e.strip()]):
+    if int(entry) >= machine_gpus:              # a negative id slips through
+        break
+    visible.append(int(entry))
+if not visible or not nccl_built:
+    return "gloo", [None] * nprocs
+if nprocs > len(visible):
+    raise ValueError(nprocs)
+return "nccl", visible[:nprocs]
+""",
     },
     "00.4": {
         "chunk, not tensor_split": """\
@@ -160,10 +173,10 @@ return share, total
 """,
     },
     "00.3": {
-        "only ids past the machine end the list": """\
+        "ids compared as strings": """\
 visible = list(range(machine_gpus)) if spec is None else []
-for entry in ([] if spec is None else [e for e in spec.split(",") if e.strip()]):
-    if int(entry) >= machine_gpus:              # a negative id slips through
+for entry in ([] if spec is None else [e.strip() for e in spec.split(",") if e.strip()]):
+    if entry.startswith("-") or entry >= str(machine_gpus):     # right while every id has one digit
         break
     visible.append(int(entry))
 if not visible or not nccl_built:
