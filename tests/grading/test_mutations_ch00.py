@@ -71,6 +71,19 @@ if nprocs > len(visible):
     raise ValueError(nprocs)
 return "nccl", list(range(nprocs))              # cuda:r, not the GPU behind it
 """,
+        # was hidden-only; the text names a negative id ("-1", the usual way to hide GPUs)
+        "only ids past the machine end the list": """\
+visible = list(range(machine_gpus)) if spec is None else []
+for entry in ([] if spec is None else [e for e in spec.split(",") if e.strip()]):
+    if int(entry) >= machine_gpus:              # a negative id slips through
+        break
+    visible.append(int(entry))
+if not visible or not nccl_built:
+    return "gloo", [None] * nprocs
+if nprocs > len(visible):
+    raise ValueError(nprocs)
+return "nccl", visible[:nprocs]
+""",
     },
     "00.4": {
         "chunk, not tensor_split": """\
@@ -100,6 +113,34 @@ total = share.clone()
 dist.all_reduce(total)
 return share, total
 """,
+        "always float64": """\
+share = values.tensor_split(world_size)[rank].sum().double()     # the exercise says: values' dtype
+total = share.clone()
+dist.all_reduce(total)
+return share, total
+""",
+        # issue 38: right on 2 ranks (where ceil and tensor_split agree), wrong on 3 (7 = 3 + 3 + 1, not 3 + 2 + 2)
+        "ceil chunking": """\
+size = -(-len(values) // world_size)             # every rank but the last gets a full chunk
+share = values[rank * size:(rank + 1) * size].sum()
+total = share.clone()
+dist.all_reduce(total)
+return share, total
+""",
+        "the whole length all-reduced, not the share": """\
+part = torch.zeros_like(values)
+idx = torch.arange(len(values)).tensor_split(world_size)[rank]
+part[idx] = values[idx]
+dist.all_reduce(part)                            # every element travels, not one number per rank
+return values[idx].sum(), part.sum()
+""",
+        "two collectives": """\
+share = values.tensor_split(world_size)[rank].sum()
+total = share.clone()
+dist.all_reduce(total)
+dist.broadcast(total, 0)                         # 'to be sure every rank has it'
+return share, total
+""",
     },
 }
 
@@ -121,18 +162,21 @@ return ids[logical]
 """,
     },
     "00.4": {
-        "always float64": """\
-share = values.tensor_split(world_size)[rank].sum().double()     # right for the visible float64 inputs
+        "rank 0 takes what is left over": """\
+n, q = len(values), len(values) // world_size
+start = 0 if rank == 0 else rank * q + n % world_size     # right while at most one element is left over
+size = q + n % world_size if rank == 0 else q
+share = values[start:start + size].sum()
 total = share.clone()
 dist.all_reduce(total)
 return share, total
 """,
     },
     "00.3": {
-        "only ids past the machine end the list": """\
+        "ids compared as strings": """\
 visible = list(range(machine_gpus)) if spec is None else []
-for entry in ([] if spec is None else [e for e in spec.split(",") if e.strip()]):
-    if int(entry) >= machine_gpus:              # a negative id slips through
+for entry in ([] if spec is None else [e.strip() for e in spec.split(",") if e.strip()]):
+    if entry.startswith("-") or entry >= str(machine_gpus):     # right while every id has one digit
         break
     visible.append(int(entry))
 if not visible or not nccl_built:

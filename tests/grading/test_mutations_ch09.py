@@ -1,9 +1,10 @@
 """Chapter 09: plausible wrong answers its checks must reject (see ``_mutations.py``).
 
 Ported from ``test_hidden_checks.WRONG_ANSWERS``: 09.2 (ceil split: now caught by the visible
-check, which has 3 ranks and features that do not divide), 09.3 (no max: still hidden-only, large
+check, which has 3 ranks and features that do not divide), 09.3 (no max: visible since issue 38, large
 logits), 09.4 (tp and dp swapped: now visible, the meshes are not square), 09.5 (``tp = 1`` not
-special: still hidden-only). Exercise 09.1 changed — the lesson prints the tensor-parallel f and g,
+special: visible since issue 38, which moved the edge ideas an exercise names into the visible
+cases). Exercise 09.1 changed — the lesson prints the tensor-parallel f and g,
 so the exercise asks for sequence parallelism's all-gather / reduce-scatter pair — and its old wrong
 answer ("g's backward sums too") became "the reduce-scatter's backward is the identity, as g's"
 (visible).
@@ -50,6 +51,14 @@ return grad.chunk(dist.get_world_size(), dim=1)[dist.get_rank()].contiguous()
 """, None, None],
         "the reduce-scatter's forward keeps its slice without summing": [None, None, _RS, None],
         "the reduce-scatter's backward is the identity, as g's": [None, None, None, "return grad"],
+        # issue 38: right values, the wrong communication (p times the bytes of an all-gather)
+        "the all-gather as an all-reduce of a zero-padded sequence": ["""\
+p, r, s = dist.get_world_size(), dist.get_rank(), x.shape[1]
+full = torch.zeros(x.shape[0], s * p, x.shape[2], dtype=x.dtype)
+full[:, r * s:(r + 1) * s] = x
+dist.all_reduce(full)
+return full
+""", None, None, None],
         "gathers along dim 0": ["""\
 x = x.contiguous()
 parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
@@ -73,6 +82,9 @@ self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
 self.bias = nn.Parameter(linear.bias.detach()[rows].clone())
 """, None],
         "no f in front": [None, "return F.linear(x, self.weight, self.bias)"],
+        "assumes a bias": [_COLUMN_INIT.format(body="""\
+self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
+self.bias = nn.Parameter(linear.bias.detach()[rows].clone())"""), None],
         "torch.chunk": ["""\
 rows = torch.chunk(torch.arange(linear.out_features), world_size)[rank]
 self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
@@ -106,6 +118,14 @@ parts = [torch.empty_like(logits_shard) for _ in range(dist.get_world_size())]
 dist.all_gather(parts, logits_shard.detach().contiguous())
 parts[dist.get_rank()] = logits_shard
 return F.cross_entropy(torch.cat(parts, dim=-1), target)
+""",
+        "no max: exp overflows (ported)": """\
+sum_exp = gc.reduce_from_tensor_parallel(logits_shard.exp().sum(dim=-1))   # no max: exp overflows
+local = target - start
+mine = (local >= 0) & (local < logits_shard.shape[-1])
+picked = logits_shard.gather(-1, local.clamp(0, logits_shard.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
+picked = gc.reduce_from_tensor_parallel(torch.where(mine, picked, torch.zeros_like(picked)))
+return (sum_exp.log() - picked).mean()
 """,
     },
     "09.4": {
@@ -146,6 +166,7 @@ if rank >= tp * dp:
         "the ring's bytes on the wire": (
             "return 0 if tp == 1 else 4 * layers * batch * seq * hidden * dtype_bytes * 2 * (tp - 1) // tp"),
         "calls the forbidden helper": "return gc.tp_comm_bytes(batch, seq, hidden, layers, tp, dtype_bytes)",
+        "tp = 1 is not special (ported)": "return 4 * layers * batch * seq * hidden * dtype_bytes   # even when tp = 1",
     },
     "09.6": {
         "the bias on every rank, before the sum": """\
@@ -181,6 +202,26 @@ y = partial.clone()
 dist.all_reduce(y)
 return partial, y / world_size + b
 """,
+        "chunk, not tensor_split": """\
+mine = torch.arange(w.shape[1]).chunk(world_size)[rank]    # one feature: one chunk, rank 1 has none to index
+partial = x[:, mine] @ w[:, mine].T
+y = partial.clone()
+dist.all_reduce(y)
+return partial, y + b
+""",
+        # issue 38: right values, no communication (every rank is given the whole w)
+        "y computed on every rank, no collective": """\
+mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
+partial = x[:, mine] @ w[:, mine].T
+return partial, x @ w.T + b
+""",
+        "all-gathers the partials, then sums them": """\
+mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
+partial = x[:, mine] @ w[:, mine].T
+parts = [torch.empty_like(partial) for _ in range(world_size)]
+dist.all_gather(parts, partial)                 # world_size times the bytes of one all-reduce's input
+return partial, torch.stack(parts).sum(0) + b
+""",
     },
 }
 
@@ -194,17 +235,24 @@ return torch.cat(parts, dim=1)
 """, None, None, None],
     },
     "09.2": {
-        "assumes a bias": [_COLUMN_INIT.format(body="""\
+        "rows from its first to its last id": ["""\
+ids = torch.tensor_split(torch.arange(linear.out_features), world_size)[rank]
+rows = slice(ids[0], ids[-1] + 1)                # an empty shard has no first id
 self.weight = nn.Parameter(linear.weight.detach()[rows].clone())
-self.bias = nn.Parameter(linear.bias.detach()[rows].clone())"""), None],
+self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach()[rows].clone())
+""", None],
     },
     "09.3": {
-        "no max: exp overflows (ported)": """\
-sum_exp = gc.reduce_from_tensor_parallel(logits_shard.exp().sum(dim=-1))   # no max: exp overflows
+        "the target's logit in a zeros buffer of the default dtype": """\
+m = logits_shard.detach().max(dim=-1).values
+dist.all_reduce(m, op=dist.ReduceOp.MAX)
+shifted = logits_shard - m.unsqueeze(-1)
+sum_exp = gc.reduce_from_tensor_parallel(shifted.exp().sum(dim=-1))
 local = target - start
 mine = (local >= 0) & (local < logits_shard.shape[-1])
-picked = logits_shard.gather(-1, local.clamp(0, logits_shard.shape[-1] - 1).unsqueeze(-1)).squeeze(-1)
-picked = gc.reduce_from_tensor_parallel(torch.where(mine, picked, torch.zeros_like(picked)))
+picked = torch.zeros(target.shape[0])            # float32, whatever the logits are
+picked[mine] = shifted[mine, local[mine]]
+picked = gc.reduce_from_tensor_parallel(picked)
 return (sum_exp.log() - picked).mean()
 """,
     },
@@ -214,15 +262,19 @@ if rank < 0 or rank > tp * dp:
     raise ValueError(rank)""", result="tp_rank, dp_rank"), None, None],
     },
     "09.5": {
-        "tp = 1 is not special (ported)": "return 4 * layers * batch * seq * hidden * dtype_bytes   # even when tp = 1",
+        "fp32 or bf16 elements only": (
+            "return 0 if tp == 1 else 4 * layers * batch * seq * hidden * (2 if dtype_bytes == 2 else 4)"),
     },
     "09.6": {
-        "chunk, not tensor_split": """\
-mine = torch.arange(w.shape[1]).chunk(world_size)[rank]    # one feature: one chunk, rank 1 has none to index
+        "a zeros buffer of the default dtype": """\
+mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
 partial = x[:, mine] @ w[:, mine].T
-y = partial.clone()
+y = torch.zeros(x.shape[0], w.shape[0])         # float32, whatever x is
+y += partial
+if rank == 0:
+    y += b                                      # the bias once: on rank 0, before the sum
 dist.all_reduce(y)
-return partial, y + b
+return partial, y
 """,
     },
 }
