@@ -9,6 +9,8 @@
 #   make check NB=exercises/04_…ipynb        self-check one exercises notebook in a fresh kernel
 #                                            (CHECK_ARGS=--hidden: the hidden checks too, where solutions/ is)
 #   make grade SUBMISSIONS=subs/             grade a class (GRADE_ARGS="--hidden --csv grades.csv")
+#   make gpu-check  on a CUDA machine: GPU tests, every lesson, GPU benchmarks -> one report (9 min)
+#   make gpu-wheels the wheels gpu-check needs on a GPU machine whose Python lacks them, into .whl/
 #
 # Only python3 (>= 3.11) with pip and venv is needed; exact versions come from constraints.txt.
 
@@ -49,7 +51,7 @@ TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0 RES_OPTIONS="timeout:1 attempts:
 # kernels that nbval kills) would otherwise pile up in /tmp, run after run
 RUN_TMP   := tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/gpucourse-tests-XXXXXX") && trap 'rm -rf "$$tmp"' EXIT && TMPDIR=$$tmp
 
-.PHONY: lab test test-ui site serve-site test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade
+.PHONY: lab test test-ui site serve-site test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade gpu-check gpu-wheels
 
 env: $(STAMP)
 
@@ -146,6 +148,14 @@ GRADEBOOK ?= grades.json
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder-or-notebooks [GRADE_ARGS=...]"; exit 2; }
 	$(PY) -m gpucourse grade $(SUBMISSIONS) --workers $(WORKERS) --json $(GRADEBOOK) $(GRADE_ARGS)
+
+# the course on a CUDA machine (README, "Checking the course on a GPU"): tests marked cuda/multigpu,
+# every lesson, the benchmarks with a GPU side, under one time limit; one report in $(GPU_OUT).
+# Without CUDA it says so and exits 0. GPU_CHECK_ARGS="--time-limit 300" etc.
+GPU_CHECK_ARGS ?=
+GPU_OUT ?= $(if $(OUT),$(OUT),.)
+gpu-check: $(STAMP)
+	$(PY) scripts/gpu_check.py --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 
 # refresh the exact pins after changing pyproject.toml (course authors)
 constraints: $(STAMP)
