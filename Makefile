@@ -157,6 +157,26 @@ GPU_OUT ?= $(if $(OUT),$(OUT),.)
 gpu-check: $(STAMP)
 	$(PY) scripts/gpu_check.py --out $(GPU_OUT) $(GPU_CHECK_ARGS)
 
+# what gpu-check needs on the lent GPU machine (its own Python 3.12 with torch, no Jupyter stack, no
+# network) and that machine lacks: nbclient and the kernel (ipykernel, IPython, their needs) and
+# ipywidgets for the lessons, as manylinux x86_64 wheels for CPython 3.12, each at its version in
+# constraints.txt (--no-deps: the list is the whole closure minus what the machine has). Into .whl/
+# (git-ignored), carried with the call; README, "Checking the course on a GPU".
+GPU_WHEELS := nbclient nbformat jupyter_client jupyter_core traitlets pyzmq tornado fastjsonschema \
+	jsonschema jsonschema-specifications referencing rpds-py platformdirs ipykernel ipython comm \
+	matplotlib-inline nest-asyncio2 jedi parso pexpect ptyprocess prompt_toolkit wcwidth stack_data \
+	executing asttokens pure_eval ipython_pygments_lexers ipywidgets widgetsnbextension jupyterlab_widgets
+GPU_WHEEL_PLATFORMS := $(foreach n,28 27 17,--platform manylinux_2_$(n)_x86_64) --platform manylinux2014_x86_64 --platform manylinux1_x86_64
+gpu-wheels:
+	@rm -rf .whl && mkdir -p .whl
+	@pins=""; for n in $(GPU_WHEELS); do \
+	  pin=$$(grep -iE "^$$(echo $$n | sed 's/[-_.]/[-_.]/g')==" constraints.txt | head -1); \
+	  pins="$$pins $${pin:-$$n}"; done; \
+	echo "== pip download$$pins"; \
+	$(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --abi cp312 --abi abi3 --abi none $(GPU_WHEEL_PLATFORMS) --platform any -d .whl $$pins
+	@ls .whl | wc -l | xargs echo "== wheels in .whl/:"; du -sh .whl
+
 # refresh the exact pins after changing pyproject.toml (course authors)
 constraints: $(STAMP)
 	{ echo "# Exact versions for \`make lab\` / \`make test\` (pip install -c constraints.txt -e '.[test]')."; \
