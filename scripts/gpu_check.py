@@ -239,7 +239,8 @@ def driver_version() -> str:
 # --- 1) the GPU tests ----------------------------------------------------------------------------
 
 def gpu_test_files(root: Path) -> list[str]:
-    pattern = re.compile(r"pytest\.mark\.(cuda|multigpu)\b")
+    pattern = re.compile(r"^\s*(@pytest\.mark\.(cuda|multigpu)\b|pytestmark\s*=.*\bmark\.(cuda|multigpu)\b)",
+                         re.M)
     return sorted(str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py")
                   if pattern.search(p.read_text(errors="replace")))
 
@@ -318,6 +319,12 @@ def ensure_kernelspec(env: dict, python: str) -> str:
     return f"written to {folder} (the lookup said: {first_error_line(out)})"
 
 
+def _line(ename: str, evalue: str | None) -> str:
+    """``"ExcType: first line of the message"``."""
+    lines = (evalue or "").strip().splitlines()
+    return f"{ename}: {lines[0] if lines else ''}".rstrip(": ")
+
+
 def run_one_notebook(path: Path, seconds: float, result: Path) -> None:
     """The worker (``--run-notebook``): execute ``path`` in a fresh ``python3`` kernel, cwd = its
     folder, every cell within what is left of ``seconds``; write {status, detail, cell} as JSON."""
@@ -350,10 +357,9 @@ def run_one_notebook(path: Path, seconds: float, result: Path) -> None:
             record.update(status="failed", cell=cell_at.get("index"),
                           detail=f"the kernel died: {str(e).splitlines()[0] if str(e) else ''}")
         except CellExecutionError as e:
-            line = f"{e.ename}: {(e.evalue or '').strip().splitlines()[0] if (e.evalue or '').strip() else ''}"
-            record.update(status="failed", cell=cell_at.get("index"), detail=line.rstrip(": "))
+            record.update(status="failed", cell=cell_at.get("index"), detail=_line(e.ename, e.evalue))
     except Exception as e:                       # nbclient missing, the kernel would not start, ...
-        record.update(status="failed", detail=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+        record.update(status="failed", detail=_line(type(e).__name__, str(e)))
     record["seconds"] = time.monotonic() - start
     result.write_text(json.dumps(record))
 
@@ -416,11 +422,15 @@ def run_benchmarks(root: Path, python: str, deadline: float, env: dict) -> list[
                              f"timeout: killed after {seconds:.0f} s", output=tail))
         elif rc == 0:
             rows.append(item("benchmark", bench.name, chapter, "ran", seconds, output=tail))
+        elif "Traceback" in out:
+            rows.append(item("benchmark", bench.name, chapter, "failed", seconds, first_error_line(out),
+                             output=tail))
         else:
-            traceback_line = first_error_line(out) if "Traceback" in out else ""
-            rows.append(item("benchmark", bench.name, chapter, "failed", seconds,
-                             traceback_line or f"exit status {rc}: its target was missed "
-                                               f"({tail[-1] if tail else 'no output'})", output=tail))
+            # it ran to its end and printed its ratios; exit 1 says a target (the CPU one, for
+            # mixed_precision.py) was missed: a measurement, not a broken GPU path
+            missed = next((line.strip() for line in tail if "NOT MET" in line), tail[-1] if tail else "")
+            rows.append(item("benchmark", bench.name, chapter, "ran", seconds,
+                             f"exit status {rc}, target missed: {missed}", output=tail))
     return rows
 
 
@@ -456,7 +466,8 @@ def write_report(report: dict, out: Path, name: str) -> tuple[Path, Path]:
     for ch, s in report["chapters"].items():
         lines.append(f"| {ch} | {s['status']} | {s['seconds']:.0f} | {s['ran']} | {s['failed']} | "
                      f"{s['skipped']} | {s['needs newer torch']} |")
-    lines += ["", "| chapter | kind | name | status | seconds | detail |", "| --- | --- | --- | --- | ---: | --- |"]
+    lines += ["", "| chapter | kind | name | status | seconds | detail |",
+              "| --- | --- | --- | --- | ---: | --- |"]
     for it in report["items"]:
         detail = (it.get("requirement", "") + " — " if it.get("requirement") else "") + it["detail"]
         lines.append(f"| {it['chapter']} | {it['kind']} | {it['name']} | {it['status']} | "
@@ -513,11 +524,12 @@ def check(args) -> int:
                 items.append(item("import", mod, PART_CHAPTER.get(mod.split(".")[1], "package"), "failed",
                                   detail=error))
 
-    # 1) tests: at most a third of the time; 3) benchmarks: at most a sixth; 2) notebooks: the rest
+    # 1) tests: at most a third of the time; 3) benchmarks: at most a quarter of what is left (the
+    # GPU part of mixed_precision.py comes after its CPU part); 2) notebooks: the rest
     phase_end = min(deadline, time.monotonic() + (deadline - time.monotonic()) / 3)
     print("gpu-check: 1) tests marked cuda/multigpu", flush=True)
     items += run_tests(root, python, phase_end, env, n_gpu)
-    phase_end = min(deadline, time.monotonic() + (deadline - time.monotonic()) / 6)
+    phase_end = min(deadline, time.monotonic() + (deadline - time.monotonic()) / 4)
     print("gpu-check: 3) benchmarks with a GPU side", flush=True)
     items += run_benchmarks(root, python, phase_end, env)
 
@@ -529,7 +541,8 @@ def check(args) -> int:
     items += run_notebooks(root, python, deadline, env, workers)
 
     counts = {s: sum(it["status"] == s for it in items) for s in STATUS_ORDER}
-    report = {"started": started, "time_limit_s": args.time_limit, "elapsed_s": round(time.monotonic() - start, 1),
+    report = {"started": started, "time_limit_s": args.time_limit,
+              "elapsed_s": round(time.monotonic() - start, 1),
               "machine": machine, "notebook_workers": workers, "kernel": kernel, "counts": counts,
               "chapters": summarize(items), "items": items,
               "needs_newer_torch": [it for it in items if it["status"] == "needs newer torch"],
@@ -552,7 +565,8 @@ def main(argv=None) -> int:
     parser.add_argument("--report", default=REPORT, help=f"the report's name, without .json/.md ({REPORT})")
     parser.add_argument("--notebook-gib", type=float, default=8.0,
                         help="GPU memory one lesson may need, to size the notebook pool (default 8 GiB)")
-    parser.add_argument("--workers", type=int, default=0, help="notebooks at once (default: from memory, CPUs)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="notebooks at once (default: from the GPU's free memory and the CPUs)")
     parser.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     parser.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     parser.add_argument("--pretend-cuda", type=int, default=0, help=argparse.SUPPRESS)

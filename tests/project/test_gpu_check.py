@@ -67,6 +67,7 @@ def _fake_course(root: Path) -> None:
     (root / "benchmarks" / "cpu_bench.py").write_text("raise SystemExit('must not run')\n")
 
 
+@pytest.mark.slow
 def test_pretended_cuda_report(tmp_path):
     root = tmp_path / "course"
     root.mkdir()
@@ -117,6 +118,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="the process sweep reads /proc (Linux)")
+@pytest.mark.slow
 def test_the_overall_deadline_kills_a_hanging_lesson_and_what_it_started(tmp_path):
     root = tmp_path / "course"
     (root / "notebooks").mkdir(parents=True)
