@@ -9,6 +9,8 @@
 #   make check NB=exercises/04_…ipynb        self-check one exercises notebook in a fresh kernel
 #                                            (CHECK_ARGS=--hidden: the hidden checks too, where solutions/ is)
 #   make grade SUBMISSIONS=subs/             grade a class (GRADE_ARGS="--hidden --csv grades.csv")
+#   make gpu-check  on a CUDA machine: GPU tests, every lesson, GPU benchmarks -> one report (9 min)
+#   make gpu-wheels the wheels gpu-check needs on a GPU machine whose Python lacks them, into .whl/
 #
 # Only python3 (>= 3.11) with pip and venv is needed; exact versions come from constraints.txt.
 
@@ -49,7 +51,7 @@ TEST_ENV  := OMP_NUM_THREADS=1 PYTHONHASHSEED=0 RES_OPTIONS="timeout:1 attempts:
 # kernels that nbval kills) would otherwise pile up in /tmp, run after run
 RUN_TMP   := tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/gpucourse-tests-XXXXXX") && trap 'rm -rf "$$tmp"' EXIT && TMPDIR=$$tmp
 
-.PHONY: lab test test-ui site serve-site test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade
+.PHONY: lab test test-ui site serve-site test-package test-notebooks env exercises notebooks benchmarks check-exercises constraints doctor clean check grade gpu-check gpu-wheels
 
 env: $(STAMP)
 
@@ -146,6 +148,34 @@ GRADEBOOK ?= grades.json
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder-or-notebooks [GRADE_ARGS=...]"; exit 2; }
 	$(PY) -m gpucourse grade $(SUBMISSIONS) --workers $(WORKERS) --json $(GRADEBOOK) $(GRADE_ARGS)
+
+# the course on a CUDA machine (README, "Checking the course on a GPU"): tests marked cuda/multigpu,
+# every lesson, the benchmarks with a GPU side, under one time limit; one report in $(GPU_OUT).
+# Without CUDA it says so and exits 0. GPU_CHECK_ARGS="--time-limit 300" etc.
+GPU_CHECK_ARGS ?=
+GPU_OUT ?= $(if $(OUT),$(OUT),.)
+gpu-check: $(STAMP)
+	$(PY) scripts/gpu_check.py --out $(GPU_OUT) $(GPU_CHECK_ARGS)
+
+# what gpu-check needs on the lent GPU machine (its own Python 3.12 with torch, no Jupyter stack, no
+# network) and that machine lacks: nbclient and the kernel (ipykernel, IPython, their needs) and
+# ipywidgets for the lessons, as manylinux x86_64 wheels for CPython 3.12, each at its version in
+# constraints.txt (--no-deps: the list is the whole closure minus what the machine has). Into .whl/
+# (git-ignored), carried with the call; README, "Checking the course on a GPU".
+GPU_WHEELS := nbclient nbformat jupyter_client jupyter_core traitlets pyzmq tornado fastjsonschema \
+	jsonschema jsonschema-specifications referencing rpds-py platformdirs ipykernel ipython comm \
+	matplotlib-inline nest-asyncio2 jedi parso pexpect ptyprocess prompt_toolkit wcwidth stack_data \
+	executing asttokens pure_eval ipython_pygments_lexers ipywidgets widgetsnbextension jupyterlab_widgets
+GPU_WHEEL_PLATFORMS := $(foreach n,28 27 17,--platform manylinux_2_$(n)_x86_64) --platform manylinux2014_x86_64 --platform manylinux1_x86_64
+gpu-wheels:
+	@rm -rf .whl && mkdir -p .whl
+	@pins=""; for n in $(GPU_WHEELS); do \
+	  pin=$$(grep -iE "^$$(echo $$n | sed 's/[-_.]/[-_.]/g')==" constraints.txt | head -1); \
+	  pins="$$pins $${pin:-$$n}"; done; \
+	echo "== pip download$$pins"; \
+	$(PYTHON) -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --abi cp312 --abi abi3 --abi none $(GPU_WHEEL_PLATFORMS) --platform any -d .whl $$pins
+	@ls .whl | wc -l | xargs echo "== wheels in .whl/:"; du -sh .whl
 
 # refresh the exact pins after changing pyproject.toml (course authors)
 constraints: $(STAMP)
