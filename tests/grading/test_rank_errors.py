@@ -191,7 +191,7 @@ COURSE = [
 totl = share.clone()
 dist.all_reduce(total)
 return share, total""", None,
-     ["ranks 0,1 raised NameError: name 'total' is not defined", "of your %%ranks cell",
+     ["ranks 0,1,2 raised NameError: name 'total' is not defined", "of your %%ranks cell",
       "(in share_and_total): `dist.all_reduce(total)`"]),
     ("04", "04.5", "allreduce_hook", """from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 return allreduce_hook(state, bucket)""", None,
