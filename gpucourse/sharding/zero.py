@@ -88,7 +88,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             are only set to rank 0's values, and never updated.
         optimizer_class: e.g. ``torch.optim.AdamW``; it is built on this rank's shard only.
         stage: 1 (optimizer state sharded) or 2 (gradients too).
-        group: the process group (default: the default group).
+        group: the process group (default: the default group); ``process_group=`` (its name in
+            ``ZeroRedundancyOptimizer``, also positional after ``optimizer_class``) is the same.
+        parameters_as_bucket_view: accepted, ``True`` or ``False``: the parameters are always
+            views into one flat buffer here (what ``True`` asks of ``ZeroRedundancyOptimizer``).
+        overlap_with_ddp: ``True`` raises ``NotImplementedError`` (no DDP comm hook here).
         **optimizer_kwargs: the defaults of every group, passed to ``optimizer_class``
             (``lr=…``, ``weight_decay=…``).
 
@@ -149,7 +153,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
         and in stage 2 it finds none — train in bf16, which needs no scaler.
     """
 
-    def __init__(self, params, optimizer_class, *, stage: int = 1, group=None, **optimizer_kwargs):
+    def __init__(self, params, optimizer_class, process_group=None, parameters_as_bucket_view: bool = False,
+                 overlap_with_ddp: bool = False, *, stage: int = 1, group=None, **optimizer_kwargs):
+        # ZeroRedundancyOptimizer's own arguments, never passed on to the inner optimizer
+        if process_group is not None:
+            if group is not None and group is not process_group:
+                raise TypeError("pass the group once: process_group= (ZeroRedundancyOptimizer's name) "
+                                "or group=, not both")
+            group = process_group
+        # parameters_as_bucket_view: accepted either way — ZeroOptimizer always keeps the parameters
+        # as views into one flat buffer (what True asks for); the arithmetic is the same
+        validate.check_type("parameters_as_bucket_view", parameters_as_bucket_view, bool)
+        if overlap_with_ddp:
+            raise NotImplementedError("ZeroOptimizer does not implement overlap_with_ddp=True (the step "
+                                      "inside DDP's comm hook): it averages the gradients itself in "
+                                      "step(); train the plain model (no DDP wrapper) with it")
         validate.check_choice("stage", stage, (1, 2))
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise TypeError(f"optimizer_class must be a torch.optim.Optimizer subclass such as "

@@ -1,0 +1,283 @@
+"""gc.MiniDDP as a drop-in for torch DDP: PyTorch's arguments with PyTorch's meaning, unused
+parameters, communication hooks — each run next to torch's DDP on 2 gloo ranks."""
+
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gpucourse as gc
+
+STEPS = 3
+
+
+class Net(nn.Module):
+    """Linear + BatchNorm (a buffer to sync) + Linear; `branch` is used only where `use_branch`."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.branch = nn.Linear(16, 16)
+        self.spare = nn.Linear(16, 16)                       # never used anywhere
+        self.fc2 = nn.Linear(16, 3)
+        self.use_branch = True
+
+    def forward(self, x):
+        h = torch.relu(self.bn(self.fc1(x)))
+        if self.use_branch:
+            h = h + torch.tanh(self.branch(h))
+        return self.fc2(h)
+
+
+def _data(rank, seed):
+    g = torch.Generator().manual_seed(seed + 100 * rank)      # different data per rank
+    return [(torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)) for _ in range(STEPS)]
+
+
+def _train(make, rank, seed, branch_on=(0, 1), hook=None):
+    torch.manual_seed(seed + rank)                           # a different init per rank
+    net = Net()
+    model = make(net)
+    if hook is not None:
+        model.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for step, (x, y) in enumerate(_data(rank, seed)):
+        net.use_branch = rank in branch_on
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    grads = {n: (None if p.grad is None else p.grad.clone()) for n, p in net.named_parameters()}
+    state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    return losses, state, grads, model
+
+
+def _same(a, b):
+    la, sa, ga, _ = a
+    lb, sb, gb, _ = b
+    assert la == lb
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+    for k in ga:
+        assert (ga[k] is None) == (gb[k] is None), (k, ga[k], gb[k])
+        assert ga[k] is None or torch.equal(ga[k], gb[k]), k
+
+
+# --- device_ids / output_device: PyTorch's rules on CPU -----------------------------------------
+
+def _device_ids(rank, world_size):
+    out = {}
+    for name, cls in (("torch", DDP), ("mini", gc.MiniDDP)):
+        for label, call in (("kw", lambda m: cls(m, device_ids=[rank])),
+                            ("positional", lambda m: cls(m, [rank])),
+                            ("output_device", lambda m: cls(m, output_device=1)),
+                            ("two", lambda m: cls(m, device_ids=[0, 1]))):
+            try:
+                call(nn.Linear(2, 2))
+                out[name, label] = None
+            except Exception as e:                          # noqa: BLE001 - compared below
+                out[name, label] = (type(e).__name__, str(e).split(" but got")[0].split(".")[0])
+        for label, ids in (("none", None), ("empty", [])):
+            out[name, label] = type(cls(nn.Linear(2, 2), device_ids=ids)).__name__
+    return out
+
+
+def test_device_ids_on_cpu_follow_torch_ddp():
+    for out in gc.launch(_device_ids, 2, timeout=60):
+        for label in ("kw", "positional", "output_device", "two"):
+            assert out["torch", label] is not None and out["torch", label][0] == "ValueError"
+            assert out["mini", label] == out["torch", label], label     # same error, same words
+        assert out["mini", "none"] == out["mini", "empty"] == "MiniDDP"
+
+
+# --- arguments that change training: same bits as torch DDP --------------------------------------
+
+CONFIGS = [
+    dict(bucket_cap_mb=25),
+    dict(bucket_cap_mb=0.001, gradient_as_bucket_view=True),
+    dict(bucket_cap_mb=25, broadcast_buffers=False),
+    dict(bucket_cap_mb=25, forward_sync_buffers=False),
+    dict(bucket_cap_mb=25, static_graph=True),
+    dict(bucket_cap_mb=25, find_unused_parameters=True),
+    dict(bucket_cap_mb=25, init_sync=False),
+    dict(bucket_cap_mb=25, check_reduction=True),
+]
+
+
+def _arguments(rank, world_size, seed, config):
+    warnings.simplefilter("ignore", FutureWarning)
+    # Net.spare is unused everywhere: only find_unused_parameters/static_graph allow it, so
+    # the other configs train a Net without it
+    unused_ok = config.get("find_unused_parameters") or config.get("static_graph")
+
+    def strip(net):
+        if not unused_ok:
+            net.spare.requires_grad_(False)
+        return net
+
+    torch_run = _train(lambda n: DDP(strip(n), **config), rank, seed)
+    mini_run = _train(lambda n: gc.MiniDDP(strip(n), **config), rank, seed)
+    _same(torch_run, mini_run)
+    model = mini_run[3]
+    views = None
+    if config.get("gradient_as_bucket_view"):           # each .grad now lives in its bucket
+        views = all(any(p.grad.data_ptr() >= b.buffer.data_ptr()
+                        and p.grad.data_ptr() < b.buffer.data_ptr() + b.buffer.nbytes
+                        for b in model._buckets) for p in model._params)
+    return mini_run[1], views
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_torch_arguments_train_bit_for_bit_like_ddp(config):
+    (s0, views0), (s1, views1) = gc.launch(_arguments, 2, args=(7, config), timeout=120)
+    if config.get("gradient_as_bucket_view"):
+        assert views0 and views1
+    # each rank equals torch's (checked in the run); init_sync=False keeps each rank's own start
+    assert torch.equal(s0["fc1.weight"], s1["fc1.weight"]) == config.get("init_sync", True)
+
+
+def test_broadcast_buffers_warns_like_torch():
+    def worker(rank, world_size):
+        seen = {}
+        for name, cls in (("torch", DDP), ("mini", gc.MiniDDP)):
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                cls(nn.Linear(2, 2), broadcast_buffers=True)
+            seen[name] = [(x.category.__name__, str(x.message)[:40]) for x in w
+                          if issubclass(x.category, FutureWarning)]
+        return seen
+    seen = gc.launch(worker, 2, timeout=60)[0]
+    assert seen["mini"] == seen["torch"] and seen["mini"]
+
+
+# --- unused parameters ---------------------------------------------------------------------------
+
+def _unused(rank, world_size, seed, bucket_cap_mb):
+    # fc `branch` used on rank 0 only, `spare` on no rank
+    kw = dict(find_unused_parameters=True)
+    torch_run = _train(lambda n: DDP(n, bucket_cap_mb=bucket_cap_mb or 25, **kw), rank, seed, branch_on=(0,))
+    mini_run = _train(lambda n: gc.MiniDDP(n, bucket_cap_mb=bucket_cap_mb, **kw), rank, seed, branch_on=(0,))
+    _same(torch_run, mini_run)
+    return mini_run[2]["spare.weight"] is None, mini_run[2]["branch.weight"] is not None
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 0.001, 25])
+def test_find_unused_parameters_equals_torch_ddp(bucket_cap_mb):
+    for spare_untouched, branch_averaged in gc.launch(_unused, 2, args=(3, bucket_cap_mb), timeout=120):
+        assert spare_untouched and branch_averaged
+
+
+def _unused_without_flag(rank, world_size, bucket_cap_mb, branch_on, freeze_spare):
+    torch.manual_seed(0)
+    net = Net()
+    net.spare.requires_grad_(not freeze_spare)
+    model = gc.MiniDDP(net, bucket_cap_mb=bucket_cap_mb)
+    net.use_branch = rank in branch_on
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(rank))
+    try:
+        model(x).sum().backward()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 0.001, 25])
+def test_a_parameter_used_on_one_rank_only_raises_on_every_rank(bucket_cap_mb):
+    """Used to hang (buckets) or abort gloo / pair the wrong gradients (no buckets)."""
+    out = gc.launch(_unused_without_flag, 2, args=(bucket_cap_mb, (0,), True), timeout=60)
+    for message in out:
+        assert message is not None and "branch.weight" in message
+        assert "find_unused_parameters=True" in message
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [0.001, 25])
+def test_a_parameter_unused_everywhere_raises_on_every_rank(bucket_cap_mb):
+    out = gc.launch(_unused_without_flag, 2, args=(bucket_cap_mb, (0, 1), False), timeout=60)
+    for message in out:
+        assert message is not None and "spare.weight" in message and "branch" not in message
+
+
+# --- communication hooks -------------------------------------------------------------------------
+
+def _mean_hook(state, bucket):
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size())
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def _hooks(rank, world_size, seed, cap):
+    calls = []
+
+    def noting(state, bucket):
+        grads = bucket.gradients()
+        assert all(g.shape == p.shape for g, p in zip(grads, bucket.parameters()))
+        calls.append((bucket.index(), bucket.is_last(), bucket.buffer().numel(),
+                      sum(p.numel() for p in bucket.parameters())))
+        return _mean_hook(state, bucket)
+
+    def strip(net):
+        net.spare.requires_grad_(False)
+        return net
+
+    torch_run = _train(lambda n: DDP(strip(n), bucket_cap_mb=cap), rank, seed, hook=noting)
+    torch_calls, calls[:] = list(calls), []
+    mini_run = _train(lambda n: gc.MiniDDP(strip(n), bucket_cap_mb=cap), rank, seed, hook=noting)
+    _same(torch_run, mini_run)
+    errors = []
+    for make in (lambda: gc.MiniDDP(nn.Linear(2, 2)),
+                 lambda: gc.MiniDDP(nn.Linear(2, 2), bucket_cap_mb=1)):
+        model = make()
+        try:
+            model.register_comm_hook(None, _mean_hook)
+            model.register_comm_hook(None, _mean_hook)
+        except RuntimeError as e:
+            errors.append(str(e))
+    return torch_calls, calls, errors
+
+
+def test_register_comm_hook_equals_torch_ddp():
+    for torch_calls, calls, errors in gc.launch(_hooks, 2, args=(5, 25), timeout=120):
+        assert calls and all(n == m for _, _, n, m in calls)
+        last = [c for c in calls if c[1]]
+        assert len(last) == STEPS and all(i == max(c[0] for c in calls) for i, *_ in last)
+        assert sum(n for *_, n, _ in calls) == sum(n for *_, n, _ in torch_calls)
+        assert "bucket_cap_mb" in errors[0] and "only be called once" in errors[1]
+
+
+# --- arguments MiniDDP refuses ------------------------------------------------------------------
+
+def _refused(rank, world_size):
+    from torch.distributed.algorithms.join import Join
+    errors = {}
+    model = gc.MiniDDP(nn.Linear(2, 2))
+    try:
+        with Join([model]):
+            pass
+    except NotImplementedError as e:
+        errors["join"] = str(e)
+    for kw in (dict(mixed_precision=object()), dict(device_mesh=object()), dict(no_such_arg=1)):
+        try:
+            gc.MiniDDP(nn.Linear(2, 2), **kw)
+        except (NotImplementedError, TypeError) as e:
+            errors[next(iter(kw))] = (type(e).__name__, str(e))
+    try:
+        gc.MiniDDP(nn.Linear(2, 2), gradient_as_bucket_view=True)
+    except ValueError as e:
+        errors["view"] = str(e)
+    return errors
+
+
+def test_what_minddp_does_not_implement_is_refused_with_a_message():
+    errors = gc.launch(_refused, 2, timeout=60)[0]
+    assert "same number of batches" in errors["join"]
+    assert errors["mixed_precision"][0] == "NotImplementedError" and "autocast" in errors["mixed_precision"][1]
+    assert "process_group=" in errors["device_mesh"][1]
+    assert errors["no_such_arg"][0] == "TypeError"
+    assert "bucket_cap_mb" in errors["view"]
