@@ -36,6 +36,10 @@ shard before the all-gather and each gradient back to fp32 before the reduce-sca
 
 from __future__ import annotations
 
+import functools
+import inspect
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -160,6 +164,13 @@ class _FlatShard(nn.Parameter):
     _holds = "a unit"
 
     def _refuse(self, what: str):
+        caller = sys._getframe(2).f_code.co_filename.replace("\\", "/")
+        if "torch/distributed/checkpoint" in caller:     # set_model_state_dict / set_state_dict
+            raise RuntimeError(
+                "torch.distributed.checkpoint's set_model_state_dict / set_state_dict cannot load into "
+                "gc.FullyShardedModule (its parameters are flat shards, not FSDP2's DTensors): load the "
+                "unsharded model's state dict on every rank with model.load_state_dict(full) — "
+                "get_model_state_dict(model) and model.state_dict() give it")
         raise RuntimeError(
             f"{what} of a gc.FullyShardedModule parameter: each one is a flat 1-D shard of a whole unit's "
             f"parameters — this one holds {self._holds} — so p.dim() cannot tell a weight matrix from a "
@@ -242,6 +253,15 @@ def _install_clip_check() -> None:
 
         register_optimizer_step_pre_hook(_refuse_gradients_scaled_per_rank)
         _clip_check_installed = True
+
+
+def _refuse_compile() -> None:
+    if torch.compiler.is_compiling():
+        raise RuntimeError(
+            "torch.compile does not support gc.FullyShardedModule: its hooks gather and free parameters "
+            "in Python (a table of gathered buffers, set in forward and read in backward), which the "
+            "compiler cannot trace. Run it eagerly, or compile the unwrapped model's blocks (FSDP2's "
+            "fully_shard supports torch.compile).")
 
 
 def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -496,6 +516,7 @@ class FullyShardedModule(nn.Module):
         self.module, self.group = module, group
         self.rank, self.world_size, self.param_dtype = rank, world_size, param_dtype
         self._param_names = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+        self._state_keys = list(module.state_dict(keep_vars=True))   # the plain model's keys, in order
         # frozen parameters get units of their own: gathered alike, never reduce-scattered
         self._units = [_Unit(path, m, part, group, rank, world_size, global_rank(0), param_dtype, aliases)
                        for path, m, params in owners
@@ -506,11 +527,17 @@ class FullyShardedModule(nn.Module):
         self._gathered: dict[int, _Unit] = {}       # storage pointer of a gathered buffer -> its unit
         # the units gathered for the whole forward (FSDP's root unit), the others around their layer
         self._outer = [u for u in self._units if u.path in set(keep_gathered)]
+        self._depth, self._saved_hooks = 0, None    # the root context: see _enter / _exit
+        # the root context around the wrapped module's own forward — model(x), and model.module(x)
+        # or a method of the model that calls it (TinyGPT.loss calls self(idx)); it runs first
+        self._root_calls = 0
+        module.register_forward_pre_hook(self._root_pre_hook, with_kwargs=True, prepend=True)
         for unit in self._units:
             if unit in self._outer:
                 continue
             unit.module.register_forward_pre_hook(self._make_pre_hook(unit), with_kwargs=True)
             unit.module.register_forward_hook(self._make_post_hook(unit), always_call=True)
+        module.register_forward_hook(self._root_post_hook, always_call=True)     # after the units'
         for unit in self._units:                  # what backward wrote, to catch a per-rank clip
             if unit.trainable:
                 unit.shard._group = group
@@ -533,6 +560,7 @@ class FullyShardedModule(nn.Module):
 
     def _make_pre_hook(self, unit):
         def pre_hook(module, args, kwargs):
+            _refuse_compile()
             self._gather(unit)
             if self.param_dtype is not None:                  # FSDP2's cast_forward_inputs
                 return _cast_floating(args, self.param_dtype), _cast_floating(kwargs, self.param_dtype)
@@ -557,17 +585,69 @@ class FullyShardedModule(nn.Module):
             return full.as_strided(saved.size, saved.stride, saved.offset)
         return saved
 
-    def forward(self, *args, **kwargs):
-        if self.param_dtype is not None:
-            args, kwargs = _cast_floating(args, self.param_dtype), _cast_floating(kwargs, self.param_dtype)
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            for unit in self._outer:              # tied layers: gathered for the whole forward
-                self._gather(unit)
+    # -- the root context: the kept-gathered units and the saved-tensor hooks, around the model ---
+    def _enter(self) -> None:
+        _refuse_compile()
+        if self._depth == 0:
+            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            hooks.__enter__()
+            self._saved_hooks = hooks
             try:
-                return self.module(*args, **kwargs)
-            finally:
-                for unit in self._outer:
-                    self._release(unit)
+                for unit in self._outer:          # tied layers: gathered for the whole forward
+                    self._gather(unit)
+            except BaseException:
+                self._saved_hooks = None
+                hooks.__exit__(None, None, None)
+                raise
+        self._depth += 1
+
+    def _exit(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            for unit in self._outer:
+                self._release(unit)
+            hooks, self._saved_hooks = self._saved_hooks, None
+            hooks.__exit__(None, None, None)
+
+    def _root_pre_hook(self, module, args, kwargs):
+        self._enter()
+        self._root_calls += 1
+        if self.param_dtype is not None:          # FSDP2's cast_forward_inputs (the root's inputs)
+            return _cast_floating(args, self.param_dtype), _cast_floating(kwargs, self.param_dtype)
+        return None
+
+    def _root_post_hook(self, module, args, output):    # always_call: also when the forward raised
+        if self._root_calls:
+            self._root_calls -= 1
+            self._exit()
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)       # the root pre-hook gathers the kept units
+
+    def __getattr__(self, name: str):
+        """The wrapped model's attributes and methods, as FSDP2 keeps the model's class:
+        ``model.loss(x, y)``, ``model.config``. A method runs with the kept-gathered units (the
+        embedding a tied head reads) gathered, as the forward does; the other units are gathered by
+        their own hooks when the method calls them."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is None or name.startswith("__"):
+                raise
+        value = getattr(module, name)
+        if inspect.ismethod(value) and value.__self__ is module:
+            method = value
+
+            @functools.wraps(method)
+            def run_gathered(*args, **kwargs):
+                self._enter()
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    self._exit()
+            return run_gathered
+        return value
 
     # -- clipping by the global norm, as FSDP1's FullyShardedDataParallel.clip_grad_norm_ ---------
     @torch.no_grad()
@@ -628,10 +708,117 @@ class FullyShardedModule(nn.Module):
                 out[prefix + name] = full[off:off + n].view(shape).clone()
                 for alias in unit.alias_names[name]:            # a tied weight: one tensor, two names
                     out[alias] = out[prefix + name]
-        out = {name: out[name] for name in self._param_names if name in out} | out   # the model's order
+        buffers = dict(self.module.named_buffers(remove_duplicate=False))
+        for name in self._state_keys:                            # the persistent buffers
+            if name in buffers and name not in out:
+                out[name] = buffers[name].detach().clone()
+        return {name: out[name] for name in self._state_keys if name in out} | out   # the model's order
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """The *unsharded* model's state dict, on every rank (a collective: call it on all ranks) —
+        the keys and shapes of the wrapped model's own ``state_dict()``, loadable into the plain
+        model, as FSDP's full state dict (``get_model_state_dict(…, full_state_dict=True)``) and
+        DDP's ``model.module.state_dict()``. This rank's flat shards (``shards.N``) are
+        :meth:`shard_state_dict`.
+
+        Example::
+
+            >>> import torch, gpucourse as gc
+            >>> def saved(rank, world_size):
+            ...     torch.manual_seed(0)
+            ...     model = gc.FullyShardedModule(torch.nn.Linear(4, 3))
+            ...     state = model.state_dict()                       # the plain Linear's keys
+            ...     plain = torch.nn.Linear(4, 3)
+            ...     plain.load_state_dict(state)                     # loads into the plain model
+            ...     fresh = gc.FullyShardedModule(torch.nn.Linear(4, 3))
+            ...     fresh.load_state_dict(state)                     # and back into the shards
+            ...     x = torch.ones(2, 4)
+            ...     return list(state), torch.equal(fresh(x), plain(x)), list(model.shard_state_dict())
+            >>> gc.launch(saved, 2)[0]
+            (['weight', 'bias'], True, ['shards.0'])
+        """
+        if args:
+            raise TypeError("FullyShardedModule.state_dict() takes keyword arguments only "
+                            "(destination=, prefix=, keep_vars=)")
+        if keep_vars:
+            raise ValueError("FullyShardedModule.state_dict(keep_vars=True): the model's parameters do not "
+                             "exist outside the forward (each rank holds flat shards); state_dict() returns "
+                             "gathered copies, and shard_state_dict(keep_vars=True) this rank's shards")
+        if destination is None:
+            destination = {}
+        for name, value in self.full_state_dict().items():
+            destination[prefix + name] = value
+        return destination
+
+    def shard_state_dict(self, *, keep_vars: bool = False) -> dict:
+        """This rank's own slices, ``{"shards.N": …}`` and the buffers (``module.…``): what
+        ``nn.Module.state_dict`` gives for the wrapper. Reload it on the same rank of the same
+        world size with :meth:`load_shard_state_dict`."""
+        return nn.Module.state_dict(self, keep_vars=keep_vars)
+
+    def load_shard_state_dict(self, state_dict, strict: bool = True):
+        """Load what :meth:`shard_state_dict` saved on this rank."""
+        self._loading_shards = True
+        try:
+            return nn.Module.load_state_dict(self, state_dict, strict=strict)
+        finally:
+            self._loading_shards = False
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load the *unsharded* model's state dict — the keys of the wrapped model's own
+        ``state_dict()``, e.g. saved by :meth:`state_dict`, by DDP's ``model.module.state_dict()``
+        or by FSDP's full state dict — on every rank: each rank copies its slice into its shards
+        (FSDP's ``set_model_state_dict(…, full_state_dict=True)``). Missing and unexpected keys
+        are reported as ``nn.Module.load_state_dict`` reports them."""
+        if assign:
+            raise ValueError("FullyShardedModule.load_state_dict(assign=True): the parameters are flat shards; "
+                             "the values are copied into them (assign=False)")
+        keys = set(state_dict)
+        if any(k.startswith("shards.") for k in keys) and not any(k in keys for k in self._param_names):
+            raise RuntimeError("FullyShardedModule.load_state_dict() takes the unsharded model's state dict "
+                               "(its own keys, from state_dict()); this one holds shards (shards.N) — load "
+                               "a rank's own shard_state_dict() with load_shard_state_dict()")
+        expected = set(self._param_names) | {n for n, _ in self.module.named_buffers()}
+        missing = [n for n in self.full_names() if n not in keys]
+        unexpected = sorted(keys - expected)
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"Error(s) in loading state_dict for FullyShardedModule "
+                               f"({type(self.module).__name__}): missing keys {missing}, unexpected keys "
+                               f"{unexpected}")
+        for unit in self._units:
+            prefix = f"{unit.path}." if unit.path else ""
+            names = [prefix + n for n in unit.names]
+            if not all(n in keys for n in names):
+                if any(n in keys for n in names):
+                    raise RuntimeError(f"load_state_dict: unit {unit.path!r} is loaded whole; the state dict "
+                                       f"has only some of {names}")
+                continue
+            flat = torch.zeros(unit.padded, dtype=unit.shard.dtype, device=unit.shard.device)
+            for name, shape, off, n in zip(names, unit.shapes, unit.offsets, unit.numels):
+                value = state_dict[name]
+                value = getattr(value, "full_tensor", lambda v=value: v)()     # a DTensor: gathered
+                if tuple(value.shape) != tuple(shape):
+                    raise RuntimeError(f"load_state_dict: {name} has shape {tuple(value.shape)}, the model's "
+                                       f"is {tuple(shape)}")
+                flat[off:off + n] = value.reshape(-1)
+            unit.shard.copy_(flat.view(self.world_size, -1)[self.rank])
         for name, buf in self.module.named_buffers():
-            out[name] = buf.detach().clone()
-        return out
+            if name in keys:
+                buf.copy_(state_dict[name])
+        return nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+    def full_names(self) -> list[str]:
+        """The keys of the wrapped model's own state dict (parameters, tied ones under each name, and
+        persistent buffers)."""
+        return list(self._state_keys)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if self.__dict__.get("_loading_shards"):
+            return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        raise RuntimeError("a gc.FullyShardedModule inside another module cannot be loaded by the outer "
+                           "module's load_state_dict(); call load_state_dict() on the FullyShardedModule "
+                           "itself with the inner model's keys")
 
 
 def _cast_floating(obj, dtype: torch.dtype):
