@@ -36,6 +36,7 @@ shard before the all-gather and each gradient back to fp32 before the reduce-sca
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -110,6 +111,7 @@ class _Unit:
         self.shard._holds = f"unit {path!r} ({shown})"          # for _FlatShard's messages
         self.compute_dtype = param_dtype or self.shard.dtype      # the shard stays the master copy
         self.full = None                    # the gathered (N·S,) buffer while it is needed
+        self.sync, self.pending = True, None    # gradient sync off: the unsharded gradient so far
         for owner, leaf in (o for owners in self.owners for o in owners):
             del owner._parameters[leaf]     # the layer keeps no parameters of its own any more
             setattr(owner, leaf, None)
@@ -164,7 +166,13 @@ class _FlatShard(nn.Parameter):
     _holds = "a unit"
 
     def _refuse(self, what: str):
-        caller = sys._getframe(2).f_code.co_filename.replace("\\", "/")
+        frame, callers = sys._getframe(2), []
+        while frame is not None and len(callers) < 40:
+            callers.append(frame.f_code.co_filename.replace("\\", "/"))
+            frame = frame.f_back
+        if any("torch/_dynamo" in c or "torch/_inductor" in c for c in callers):
+            _refuse_compile(always=True)
+        caller = callers[0]
         if "torch/distributed/checkpoint" in caller:     # set_model_state_dict / set_state_dict
             raise RuntimeError(
                 "torch.distributed.checkpoint's set_model_state_dict / set_state_dict cannot load into "
@@ -197,6 +205,8 @@ class _FlatShard(nn.Parameter):
 
 def _note_written(shard) -> None:
     """After backward accumulated into a shard's gradient: its version and norm, for the check below."""
+    if shard.grad is None:                  # set_requires_gradient_sync(False): nothing accumulated
+        return
     shard._written = (shard.grad._version, torch.linalg.vector_norm(shard.grad.detach()))
 
 
@@ -255,8 +265,46 @@ def _install_clip_check() -> None:
         _clip_check_installed = True
 
 
-def _refuse_compile() -> None:
-    if torch.compiler.is_compiling():
+def _torch_arguments(module, param_dtype, mp_policy, reshard_after_forward, reduce_dtype):
+    """PyTorch's FSDP arguments with their meaning where the course's class does the same; a message
+    saying what it does instead where not. Returns ``param_dtype``."""
+    if reshard_after_forward is not True:
+        raise ValueError(
+            f"reshard_after_forward={reshard_after_forward!r} is not supported: gc.FullyShardedModule always "
+            "frees a unit's parameters after its forward and gathers them again for its backward (FSDP2's "
+            "reshard_after_forward=True); keep_gathered=[paths] keeps units gathered for the whole forward "
+            "(not through the backward)")
+    dtypes = {p.dtype for p in module.parameters()}
+    if mp_policy is not None:
+        if param_dtype is not None:
+            raise ValueError("pass param_dtype= or mp_policy=, not both")
+        fields = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+        if not all(hasattr(mp_policy, f) for f in fields):
+            raise TypeError(f"mp_policy must be a torch.distributed.fsdp.MixedPrecisionPolicy, got {mp_policy!r}")
+        if mp_policy.output_dtype is not None or not mp_policy.cast_forward_inputs:
+            raise ValueError(
+                "mp_policy: output_dtype and cast_forward_inputs=False are not supported: gc.FullyShardedModule "
+                "casts the floating-point inputs to param_dtype and returns the outputs as computed; cast the "
+                "output yourself (out.float())")
+        reduce = mp_policy.reduce_dtype
+        if mp_policy.param_dtype is not None and reduce is None:
+            raise ValueError(
+                f"mp_policy=MixedPrecisionPolicy(param_dtype={mp_policy.param_dtype}, reduce_dtype=None): FSDP2 "
+                f"then reduces the gradients in {mp_policy.param_dtype}; gc.FullyShardedModule always casts them "
+                "to the parameters' dtype before the reduce-scatter — pass reduce_dtype=torch.float32 (the "
+                "parameters' dtype), which it does the same as FSDP2")
+        param_dtype = mp_policy.param_dtype
+        reduce_dtype = reduce
+    if reduce_dtype is not None and dtypes != {reduce_dtype}:
+        raise ValueError(
+            f"reduce_dtype={reduce_dtype} is not supported: gc.FullyShardedModule reduce-scatters the gradients "
+            f"in the parameters' own dtype ({', '.join(sorted(str(d) for d in dtypes))}); leave it out, or "
+            "pass that dtype")
+    return param_dtype
+
+
+def _refuse_compile(always: bool = False) -> None:
+    if always or torch.compiler.is_compiling():
         raise RuntimeError(
             "torch.compile does not support gc.FullyShardedModule: its hooks gather and free parameters "
             "in Python (a table of gathered buffers, set in forward and read in backward), which the "
@@ -297,6 +345,12 @@ class _GatherParams(torch.autograd.Function):
                 flat[off:off + n].zero_()
             else:
                 flat[off:off + n].copy_(g.reshape(-1))
+        if unit.pending is not None:                          # micro-batches under no_sync(): DDP's
+            flat = unit.pending.add_(flat)                    # local sum, in the same order
+            unit.pending = None
+        if not unit.sync:                                     # set_requires_gradient_sync(False)
+            unit.pending = flat                               # the full gradient, kept locally
+            return None, None
         mine = _reduce_scatter_flat(flat, unit.group)         # (S,) sum over ranks of my slice
         return mine.div(unit.world_size), None                # ... divided by N once
 
@@ -427,6 +481,19 @@ class FullyShardedModule(nn.Module):
         param_dtype: ``None`` (default: compute in the parameters' own dtype) or the dtype the
             layers compute in, e.g. ``torch.bfloat16``; the shards and their gradients keep the
             parameters' dtype.
+        mp_policy: FSDP2's ``MixedPrecisionPolicy(param_dtype=…, reduce_dtype=torch.float32)`` — the
+            same as ``param_dtype=…``; a policy the class cannot follow (reduce in bf16,
+            ``output_dtype``) is refused with a message.
+        reshard_after_forward: ``True`` only (FSDP2's default, what the class does); ``False`` is
+            refused with a message.
+        reduce_dtype: ``None`` or the parameters' own dtype (the gradients are reduce-scattered in
+            it); any other is refused.
+
+    Gradient accumulation without communication: :meth:`set_requires_gradient_sync` (FSDP2) or
+    :meth:`no_sync` (DDP, FSDP1). The model's own attributes and methods are reachable on the
+    wrapper (``model.loss(x, y)``, as FSDP2 keeps the model's class); ``state_dict()`` and
+    ``load_state_dict()`` take the *unsharded* model's keys (FSDP's full state dict) on every rank;
+    :meth:`shard_state_dict` is this rank's flat shards. ``torch.compile`` is refused with a message.
 
     Example::
 
@@ -474,11 +541,13 @@ class FullyShardedModule(nn.Module):
         and ``ndim`` raise (its ``shape`` is ``(S,)``: grouping by ``len(p.shape)`` is not caught).
     """
 
-    def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None):
+    def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None,
+                 mp_policy=None, reshard_after_forward=True, reduce_dtype=None):
         super().__init__()
         validate.check_type("module", module, nn.Module, "an nn.Module")
         if not any(True for _ in module.parameters()):
             raise ValueError(f"module ({type(module).__name__}) has no parameters: there is nothing to shard")
+        param_dtype = _torch_arguments(module, param_dtype, mp_policy, reshard_after_forward, reduce_dtype)
         if param_dtype is not None and not (isinstance(param_dtype, torch.dtype) and param_dtype.is_floating_point):
             raise TypeError(f"param_dtype must be None or a floating-point torch.dtype such as torch.bfloat16, "
                             f"got {param_dtype!r}")
@@ -648,6 +717,28 @@ class FullyShardedModule(nn.Module):
                     self._exit()
             return run_gathered
         return value
+
+    # -- gradient accumulation without communication, as FSDP2 / DDP ------------------------------
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """FSDP2's switch: ``False`` — backward adds each unit's full (unsharded) gradient into a
+        local buffer and sends nothing; the next backward with ``True`` adds its gradient to that
+        sum and reduce-scatters it once, as DDP's ``no_sync()`` (the same sums in the same order:
+        bit for bit like DDP on 2 ranks). Costs one full gradient of the model per rank while off."""
+        if not isinstance(requires_gradient_sync, bool):
+            raise TypeError(f"requires_gradient_sync must be a bool, got {requires_gradient_sync!r}")
+        for unit in self._units:
+            unit.sync = requires_gradient_sync
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's / FSDP1's context manager: :meth:`set_requires_gradient_sync` ``(False)`` inside."""
+        before = [u.sync for u in self._units]
+        self.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            for unit, sync in zip(self._units, before):
+                unit.sync = sync
 
     # -- clipping by the global norm, as FSDP1's FullyShardedDataParallel.clip_grad_norm_ ---------
     @torch.no_grad()

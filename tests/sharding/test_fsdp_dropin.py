@@ -357,3 +357,101 @@ def test_model_methods_work_as_with_fsdp2_and_ddp():
         torch.testing.assert_close(hidden, ddp[2], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(again, ddp[3], rtol=1e-5, atol=1e-6)
         assert torch.equal(gen, ddp[4]) and torch.equal(gen, fsdp2[4])
+
+
+# -- PyTorch's arguments: the same meaning, or a message ------------------------------------------
+
+def _accumulate(rank, world_size, way, switch):
+    model = make_model()
+    model = {"ddp": DDP, "fsdp2": _fsdp2, "ours": gc.FullyShardedModule}[way](model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        for i, (xm, ym) in enumerate(zip(x.tensor_split(2), y.tensor_split(2))):
+            last = i == 1
+            if switch == "no_sync" and not last:
+                with model.no_sync():
+                    (F.mse_loss(model(xm), ym) / 2).backward()
+            else:
+                if switch == "set":
+                    model.set_requires_gradient_sync(last)
+                (F.mse_loss(model(xm), ym) / 2).backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model)
+
+
+@pytest.mark.parametrize("switch", ["set", "no_sync"])
+def test_gradient_accumulation_without_sync_equals_ddp_and_fsdp2(switch):
+    ddp = gc.launch(_accumulate, 2, args=("ddp", "no_sync"), timeout=120)[0]
+    fsdp2 = gc.launch(_accumulate, 2, args=("fsdp2", "set"), timeout=120)[0]
+    for state in gc.launch(_accumulate, 2, args=("ours", switch), timeout=120):
+        assert all(torch.equal(state[k], v) for k, v in ddp.items())              # the same sums
+        torch.testing.assert_close(state, fsdp2, rtol=1e-5, atol=1e-6)
+
+
+def _mp(rank, world_size, way, kwargs=None):
+    kwargs = dict(kwargs or {})
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if "mp" in kwargs:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(**kwargs.pop("mp"))
+    model = make_model()
+    if way == "fsdp2":
+        for layer in model:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer, **kwargs)
+        model = fully_shard(model, **kwargs)
+    else:
+        try:
+            model = gc.FullyShardedModule(model, **kwargs)
+        except (ValueError, TypeError) as e:
+            return str(e)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x).float(), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model)
+
+
+def test_mp_policy_and_reshard_after_forward_as_fsdp2_or_refused():
+    bf16 = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    theirs = gc.launch(_mp, 2, args=("fsdp2", dict(mp=bf16, reshard_after_forward=True)), timeout=120)[0]
+    by_dtype = gc.launch(_mp, 2, args=("ours", dict(param_dtype=torch.bfloat16)), timeout=120)[0]
+    for state in gc.launch(_mp, 2, args=("ours", dict(mp=bf16, reshard_after_forward=True)), timeout=120):
+        assert all(torch.equal(state[k], v) for k, v in by_dtype.items())         # = param_dtype=bf16
+        torch.testing.assert_close(state, theirs, rtol=1e-3, atol=1e-3)            # = FSDP2 (bf16 compute)
+    plain = gc.launch(_mp, 2, args=("ours",), timeout=120)[0]
+    assert not torch.equal(plain["0.weight"], by_dtype["0.weight"])               # (bf16 does differ)
+    ours = gc.launch(_mp, 2, args=("ours", dict(reduce_dtype=torch.float32)), timeout=120)[0]
+    assert all(torch.equal(ours[k], v) for k, v in plain.items())
+    # what FSDP2 does and the class does not: refused with what to do instead
+    refused = {"reduce_dtype=torch.float32": dict(mp=dict(param_dtype=torch.bfloat16)),   # reduces in bf16
+               "keep_gathered": dict(reshard_after_forward=False),
+               "parameters' own dtype": dict(reduce_dtype=torch.bfloat16),
+               "out.float()": dict(mp=dict(output_dtype=torch.float32))}
+    for words, kwargs in refused.items():
+        msg = gc.launch(_mp, 2, args=("ours", kwargs), timeout=120)[0]
+        assert isinstance(msg, str) and words in msg, (kwargs, msg)
+    theirs = gc.launch(_mp, 2, args=("fsdp2", dict(reshard_after_forward=False)), timeout=120)[0]
+    assert isinstance(theirs, dict)                                                 # (FSDP2 runs it)
+
+
+def _compiled(rank, world_size, way):
+    model = _fsdp2(make_model()) if way == "fsdp2" else gc.FullyShardedModule(make_model())
+    compiled = torch.compile(model, backend="eager")
+    try:
+        for step in range(2):
+            x, y = batch(step, rank, world_size)
+            F.mse_loss(compiled(x), y).backward()
+    except Exception as e:                                     # dynamo wraps it
+        return str(e)
+    return None
+
+
+def test_torch_compile_is_refused_with_a_message():
+    assert gc.launch(_compiled, 2, args=("fsdp2",), timeout=300)[0] is None
+    for msg in gc.launch(_compiled, 2, args=("ours",), timeout=300):
+        assert msg is not None and "torch.compile does not support gc.FullyShardedModule" in msg, msg
