@@ -351,8 +351,23 @@ class _GatherParams(torch.autograd.Function):
         if not unit.sync:                                     # set_requires_gradient_sync(False)
             unit.pending = flat                               # the full gradient, kept locally
             return None, None
+        if unit.world_size > 1:     # an inf/nan on this rank reaches every rank's slice (GradScaler)
+            _spread_non_finite(flat, unit.world_size)
         mine = _reduce_scatter_flat(flat, unit.group)         # (S,) sum over ranks of my slice
         return mine.div(unit.world_size), None                # ... divided by N once
+
+
+def _spread_non_finite(flat: torch.Tensor, world_size: int) -> None:
+    """If ``flat`` holds an inf or nan, write nan into the first element of every rank's slice.
+
+    The reduce-scatter hands each rank only its slice of the sum: an overflow in one element would
+    reach one rank, whose ``torch.amp.GradScaler`` skips the step while the others take it (and
+    wait in the next collective). DDP's all-reduce puts the inf on every rank. With the nan in
+    every slice, every rank's scaler finds it and skips the same step, as with DDP. No
+    synchronisation with the device: a ``torch.where``, not an ``if``."""
+    bad = ~torch.isfinite(flat).all()
+    heads = flat.view(world_size, -1)[:, 0]
+    heads.copy_(torch.where(bad, torch.full_like(heads, float("nan")), heads))
 
 
 class _Note:
@@ -530,9 +545,10 @@ class FullyShardedModule(nn.Module):
         the layer's forward (a tied head ``F.linear(x, self.tok_emb.weight)``) finds ``None``
         unless the layer is in ``keep_gathered`` (embeddings are, by default). With
         ``param_dtype`` the outputs come in that dtype: compute the loss in fp32
-        (``loss_fn(out.float(), y)``). fp16 gradients can underflow without loss scaling, and a
-        scaler that checks each rank's shard for inf on its own lets the ranks disagree on
-        skipping a step: prefer bf16, which needs no scaler. To clip gradients call
+        (``loss_fn(out.float(), y)``). fp16 gradients can underflow without loss scaling;
+        ``torch.amp.GradScaler`` works as with DDP: an inf or nan in a unit's gradient on any rank
+        puts a nan into every rank's shard of that unit's gradient (DDP's all-reduce puts it at
+        its own position on every rank), so every rank's scaler skips the same step. To clip gradients call
         :meth:`clip_grad_norm_` (the global norm), not ``torch.nn.utils.clip_grad_norm_`` on
         ``parameters()``, which sees this rank's shards only. The optimizer sees one flat shard
         per unit, so parameter groups can separate units but not the parameters inside one

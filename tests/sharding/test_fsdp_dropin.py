@@ -455,3 +455,45 @@ def test_torch_compile_is_refused_with_a_message():
     assert gc.launch(_compiled, 2, args=("fsdp2",), timeout=300)[0] is None
     for msg in gc.launch(_compiled, 2, args=("ours",), timeout=300):
         assert msg is not None and "torch.compile does not support gc.FullyShardedModule" in msg, msg
+
+
+# -- torch.amp.GradScaler: an overflow on one rank only --------------------------------------------
+
+def _scaled(rank, world_size, way, overflow_step=1):
+    """GradScaler on CPU (fp32 here: the overflow is injected) with one inf in one element of the
+    last layer's weight gradient, on rank 0 only, in step ``overflow_step``."""
+    model = make_model()
+    layer = model[4]
+    model = DDP(model) if way == "ddp" else gc.FullyShardedModule(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    handles, scales = [], []
+
+    def inject(module, args):                        # the gathered weight (ours) or the parameter (DDP)
+        handles.append(module.weight.register_hook(lambda g: g.index_put((torch.tensor([0]), torch.tensor([0])),
+                                                                           torch.tensor(float("inf")))))
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        hook = layer.register_forward_pre_hook(inject) if rank == 0 and step == overflow_step else None
+        scaler.scale(F.mse_loss(model(x), y)).backward()
+        if hook is not None:
+            hook.remove()
+            handles.pop().remove()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        opt.zero_grad()
+    return _full(model), scales
+
+
+def test_grad_scaler_skips_the_same_steps_as_ddp():
+    """DDP's all-reduce gives every rank the inf: both skip the step and halve the scale. The
+    reduce-scatter gave it to one rank only, whose scaler skipped while the other stepped and
+    waited; now every rank's shard gets a nan, and training equals DDP's bit for bit."""
+    ddp = gc.launch(_scaled, 2, args=("ddp",), timeout=120)[0]
+    assert ddp[1] == [256.0, 128.0, 128.0, 128.0]              # step 1 skipped on both ranks
+    clean = gc.launch(_scaled, 2, args=("ddp", -1), timeout=120)[0]
+    assert not torch.equal(clean[0]["0.weight"], ddp[0]["0.weight"])       # (the skip matters)
+    for state, scales in gc.launch(_scaled, 2, args=("ours",), timeout=60):
+        assert scales == ddp[1]
+        assert all(torch.equal(state[k], v) for k, v in ddp[0].items())
