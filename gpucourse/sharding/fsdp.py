@@ -618,7 +618,9 @@ class FullyShardedModule(nn.Module):
         self._root_calls = 0
         module.register_forward_pre_hook(self._root_pre_hook, with_kwargs=True, prepend=True)
         for unit in self._units:
-            if unit in self._outer:
+            if unit in self._outer:               # gathered by the root, or lazily inside a method
+                for holder in {id(m): m for owners in unit.owners for m, _ in owners}.values():
+                    holder.register_forward_pre_hook(self._make_lazy_hook(unit))
                 continue
             unit.module.register_forward_pre_hook(self._make_pre_hook(unit), with_kwargs=True)
             unit.module.register_forward_hook(self._make_post_hook(unit), always_call=True)
@@ -671,20 +673,30 @@ class FullyShardedModule(nn.Module):
         return saved
 
     # -- the root context: the kept-gathered units and the saved-tensor hooks, around the model ---
-    def _enter(self) -> None:
+    def _enter(self, *, eager: bool = True) -> None:
+        """Enter the root context. ``eager``: gather the kept units now (the model's forward, which
+        every rank runs); else each when its module is first called (a method such as
+        ``num_parameters()`` that one rank may call alone must not start a collective)."""
         _refuse_compile()
         if self._depth == 0:
             hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
             hooks.__enter__()
             self._saved_hooks = hooks
+        self._depth += 1
+        if eager:
             try:
                 for unit in self._outer:          # tied layers: gathered for the whole forward
-                    self._gather(unit)
+                    if unit.full is None:
+                        self._gather(unit)
             except BaseException:
-                self._saved_hooks = None
-                hooks.__exit__(None, None, None)
+                self._exit()
                 raise
-        self._depth += 1
+
+    def _make_lazy_hook(self, unit):
+        def lazy_gather(module, args):            # a kept unit first used inside a method
+            if self._depth > 0 and unit.full is None:
+                self._gather(unit)
+        return lazy_gather
 
     def _exit(self) -> None:
         self._depth -= 1
@@ -711,9 +723,13 @@ class FullyShardedModule(nn.Module):
 
     def __getattr__(self, name: str):
         """The wrapped model's attributes and methods, as FSDP2 keeps the model's class:
-        ``model.loss(x, y)``, ``model.config``. A method runs with the kept-gathered units (the
-        embedding a tied head reads) gathered, as the forward does; the other units are gathered by
-        their own hooks when the method calls them."""
+        ``model.loss(x, y)``, ``model.config``. Inside a method each unit is gathered when its
+        module is called — the kept-gathered ones (an embedding a tied head reads) then stay
+        gathered until the method returns, as in the forward — so a method that calls layers is a
+        collective (every rank calls it), one that calls none is not. ``model.module`` is the bare
+        model: its forward works (``model.module(x)``), but a method of it that calls a layer
+        without calling the model's forward (``model.module.hidden_states(x)``) finds a kept unit's
+        parameters ``None``: call it on the wrapper."""
         try:
             return super().__getattr__(name)
         except AttributeError:
@@ -726,7 +742,7 @@ class FullyShardedModule(nn.Module):
 
             @functools.wraps(method)
             def run_gathered(*args, **kwargs):
-                self._enter()
+                self._enter(eager=False)
                 try:
                     return method(*args, **kwargs)
                 finally:

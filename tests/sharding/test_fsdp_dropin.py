@@ -288,17 +288,26 @@ def test_get_model_state_dict_gives_the_model_keys_and_set_model_state_dict_fail
 def _shard_keys(rank, world_size):
     model = gc.FullyShardedModule(make_model())
     mine = model.shard_state_dict()
+    outer = nn.Sequential(model)
+    nested = outer.state_dict()
+    try:
+        outer.load_state_dict(nested)
+        nested_msg = ""
+    except RuntimeError as e:
+        nested_msg = str(e)
     try:
         model.load_state_dict(mine)
     except RuntimeError as e:
-        return list(mine), str(e), model.load_shard_state_dict(mine).missing_keys
-    return list(mine), None, None
+        return list(mine), str(e), model.load_shard_state_dict(mine).missing_keys, list(nested), nested_msg
+    return list(mine), None, None, list(nested), nested_msg
 
 
 def test_shards_load_only_with_the_shard_call():
-    for keys, msg, missing in gc.launch(_shard_keys, 2, timeout=60):
+    for keys, msg, missing, nested, nested_msg in gc.launch(_shard_keys, 2, timeout=60):
         assert keys == ["shards.0", "shards.1", "shards.2"]
         assert msg is not None and "load_shard_state_dict()" in msg and missing == []
+        assert nested == ["0." + k for k in make_model().state_dict()]            # inside another module
+        assert "load_state_dict() on the FullyShardedModule itself" in nested_msg
 
 
 # -- the model's own methods (FSDP2 keeps the model's class) ---------------------------------------
@@ -339,6 +348,8 @@ def _gpt_methods(rank, world_size, way):
         hidden = model.hidden_states(x) if way != "ddp" else plain.hidden_states(x)
         again = plain.loss(x, x)                                     # .module's method (ours: the raw model)
     gen = (model if way != "ddp" else plain).generate(x, 3)
+    if way == "ours" and rank == 0:                                  # no layer called: no collective
+        assert model.num_parameters() == 0 and model.config == GPT | {"ffn_hidden": 4 * GPT["hidden"]}
     full = _full(model) if way != "fsdp2" else {k: v.full_tensor() for k, v in model.state_dict().items()}
     return losses, full, hidden, again, gen
 
