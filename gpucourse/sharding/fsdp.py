@@ -36,6 +36,11 @@ shard before the all-gather and each gradient back to fp32 before the reduce-sca
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+import sys
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -106,6 +111,7 @@ class _Unit:
         self.shard._holds = f"unit {path!r} ({shown})"          # for _FlatShard's messages
         self.compute_dtype = param_dtype or self.shard.dtype      # the shard stays the master copy
         self.full = None                    # the gathered (N·S,) buffer while it is needed
+        self.sync, self.pending = True, None    # gradient sync off: the unsharded gradient so far
         for owner, leaf in (o for owners in self.owners for o in owners):
             del owner._parameters[leaf]     # the layer keeps no parameters of its own any more
             setattr(owner, leaf, None)
@@ -160,6 +166,19 @@ class _FlatShard(nn.Parameter):
     _holds = "a unit"
 
     def _refuse(self, what: str):
+        frame, callers = sys._getframe(2), []
+        while frame is not None and len(callers) < 40:
+            callers.append(frame.f_code.co_filename.replace("\\", "/"))
+            frame = frame.f_back
+        if any("torch/_dynamo" in c or "torch/_inductor" in c for c in callers):
+            _refuse_compile(always=True)
+        caller = callers[0]
+        if "torch/distributed/checkpoint" in caller:     # set_model_state_dict / set_state_dict
+            raise RuntimeError(
+                "torch.distributed.checkpoint's set_model_state_dict / set_state_dict cannot load into "
+                "gc.FullyShardedModule (its parameters are flat shards, not FSDP2's DTensors): load the "
+                "unsharded model's state dict on every rank with model.load_state_dict(full) — "
+                "get_model_state_dict(model) and model.state_dict() give it")
         raise RuntimeError(
             f"{what} of a gc.FullyShardedModule parameter: each one is a flat 1-D shard of a whole unit's "
             f"parameters — this one holds {self._holds} — so p.dim() cannot tell a weight matrix from a "
@@ -186,6 +205,8 @@ class _FlatShard(nn.Parameter):
 
 def _note_written(shard) -> None:
     """After backward accumulated into a shard's gradient: its version and norm, for the check below."""
+    if shard.grad is None:                  # set_requires_gradient_sync(False): nothing accumulated
+        return
     shard._written = (shard.grad._version, torch.linalg.vector_norm(shard.grad.detach()))
 
 
@@ -244,6 +265,53 @@ def _install_clip_check() -> None:
         _clip_check_installed = True
 
 
+def _torch_arguments(module, param_dtype, mp_policy, reshard_after_forward, reduce_dtype):
+    """PyTorch's FSDP arguments with their meaning where the course's class does the same; a message
+    saying what it does instead where not. Returns ``param_dtype``."""
+    if reshard_after_forward is not True:
+        raise ValueError(
+            f"reshard_after_forward={reshard_after_forward!r} is not supported: gc.FullyShardedModule always "
+            "frees a unit's parameters after its forward and gathers them again for its backward (FSDP2's "
+            "reshard_after_forward=True); keep_gathered=[paths] keeps units gathered for the whole forward "
+            "(not through the backward)")
+    dtypes = {p.dtype for p in module.parameters()}
+    if mp_policy is not None:
+        if param_dtype is not None:
+            raise ValueError("pass param_dtype= or mp_policy=, not both")
+        fields = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+        if not all(hasattr(mp_policy, f) for f in fields):
+            raise TypeError(f"mp_policy must be a torch.distributed.fsdp.MixedPrecisionPolicy, got {mp_policy!r}")
+        if mp_policy.output_dtype is not None or not mp_policy.cast_forward_inputs:
+            raise ValueError(
+                "mp_policy: output_dtype and cast_forward_inputs=False are not supported: gc.FullyShardedModule "
+                "casts the floating-point inputs to param_dtype and returns the outputs as computed; cast the "
+                "output yourself (out.float())")
+        reduce = mp_policy.reduce_dtype
+        if mp_policy.param_dtype is not None and reduce is None:
+            raise ValueError(
+                f"mp_policy=MixedPrecisionPolicy(param_dtype={mp_policy.param_dtype}, reduce_dtype=None): FSDP2 "
+                f"then reduces the gradients in {mp_policy.param_dtype}; gc.FullyShardedModule always casts them "
+                "to the parameters' dtype before the reduce-scatter — pass reduce_dtype=torch.float32 (the "
+                "parameters' dtype), which it does the same as FSDP2")
+        param_dtype = mp_policy.param_dtype
+        reduce_dtype = reduce
+    if reduce_dtype is not None and dtypes != {reduce_dtype}:
+        raise ValueError(
+            f"reduce_dtype={reduce_dtype} is not supported: gc.FullyShardedModule reduce-scatters the gradients "
+            f"in the parameters' own dtype ({', '.join(sorted(str(d) for d in dtypes))}); leave it out, or "
+            "pass that dtype")
+    return param_dtype
+
+
+def _refuse_compile(always: bool = False) -> None:
+    if always or torch.compiler.is_compiling():
+        raise RuntimeError(
+            "torch.compile does not support gc.FullyShardedModule: its hooks gather and free parameters "
+            "in Python (a table of gathered buffers, set in forward and read in backward), which the "
+            "compiler cannot trace. Run it eagerly, or compile the unwrapped model's blocks (FSDP2's "
+            "fully_shard supports torch.compile).")
+
+
 def _owner(module: nn.Module, name: str) -> tuple[nn.Module, str]:
     """``("attn.q.weight")`` → ``(module.attn.q, "weight")``."""
     *path, leaf = name.split(".")
@@ -277,8 +345,29 @@ class _GatherParams(torch.autograd.Function):
                 flat[off:off + n].zero_()
             else:
                 flat[off:off + n].copy_(g.reshape(-1))
+        if unit.pending is not None:                          # micro-batches under no_sync(): DDP's
+            flat = unit.pending.add_(flat)                    # local sum, in the same order
+            unit.pending = None
+        if not unit.sync:                                     # set_requires_gradient_sync(False)
+            unit.pending = flat                               # the full gradient, kept locally
+            return None, None
+        if unit.world_size > 1:     # an inf/nan on this rank reaches every rank's slice (GradScaler)
+            _spread_non_finite(flat, unit.world_size)
         mine = _reduce_scatter_flat(flat, unit.group)         # (S,) sum over ranks of my slice
         return mine.div(unit.world_size), None                # ... divided by N once
+
+
+def _spread_non_finite(flat: torch.Tensor, world_size: int) -> None:
+    """If ``flat`` holds an inf or nan, write nan into the first element of every rank's slice.
+
+    The reduce-scatter hands each rank only its slice of the sum: an overflow in one element would
+    reach one rank, whose ``torch.amp.GradScaler`` skips the step while the others take it (and
+    wait in the next collective). DDP's all-reduce puts the inf on every rank. With the nan in
+    every slice, every rank's scaler finds it and skips the same step, as with DDP. No
+    synchronisation with the device: a ``torch.where``, not an ``if``."""
+    bad = ~torch.isfinite(flat).all()
+    heads = flat.view(world_size, -1)[:, 0]
+    heads.copy_(torch.where(bad, torch.full_like(heads, float("nan")), heads))
 
 
 class _Note:
@@ -407,6 +496,19 @@ class FullyShardedModule(nn.Module):
         param_dtype: ``None`` (default: compute in the parameters' own dtype) or the dtype the
             layers compute in, e.g. ``torch.bfloat16``; the shards and their gradients keep the
             parameters' dtype.
+        mp_policy: FSDP2's ``MixedPrecisionPolicy(param_dtype=…, reduce_dtype=torch.float32)`` — the
+            same as ``param_dtype=…``; a policy the class cannot follow (reduce in bf16,
+            ``output_dtype``) is refused with a message.
+        reshard_after_forward: ``True`` only (FSDP2's default, what the class does); ``False`` is
+            refused with a message.
+        reduce_dtype: ``None`` or the parameters' own dtype (the gradients are reduce-scattered in
+            it); any other is refused.
+
+    Gradient accumulation without communication: :meth:`set_requires_gradient_sync` (FSDP2) or
+    :meth:`no_sync` (DDP, FSDP1). The model's own attributes and methods are reachable on the
+    wrapper (``model.loss(x, y)``, as FSDP2 keeps the model's class); ``state_dict()`` and
+    ``load_state_dict()`` take the *unsharded* model's keys (FSDP's full state dict) on every rank;
+    :meth:`shard_state_dict` is this rank's flat shards. ``torch.compile`` is refused with a message.
 
     Example::
 
@@ -443,9 +545,10 @@ class FullyShardedModule(nn.Module):
         the layer's forward (a tied head ``F.linear(x, self.tok_emb.weight)``) finds ``None``
         unless the layer is in ``keep_gathered`` (embeddings are, by default). With
         ``param_dtype`` the outputs come in that dtype: compute the loss in fp32
-        (``loss_fn(out.float(), y)``). fp16 gradients can underflow without loss scaling, and a
-        scaler that checks each rank's shard for inf on its own lets the ranks disagree on
-        skipping a step: prefer bf16, which needs no scaler. To clip gradients call
+        (``loss_fn(out.float(), y)``). fp16 gradients can underflow without loss scaling;
+        ``torch.amp.GradScaler`` works as with DDP: an inf or nan in a unit's gradient on any rank
+        puts a nan into every rank's shard of that unit's gradient (DDP's all-reduce puts it at
+        its own position on every rank), so every rank's scaler skips the same step. To clip gradients call
         :meth:`clip_grad_norm_` (the global norm), not ``torch.nn.utils.clip_grad_norm_`` on
         ``parameters()``, which sees this rank's shards only. The optimizer sees one flat shard
         per unit, so parameter groups can separate units but not the parameters inside one
@@ -454,11 +557,13 @@ class FullyShardedModule(nn.Module):
         and ``ndim`` raise (its ``shape`` is ``(S,)``: grouping by ``len(p.shape)`` is not caught).
     """
 
-    def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None):
+    def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None,
+                 mp_policy=None, reshard_after_forward=True, reduce_dtype=None):
         super().__init__()
         validate.check_type("module", module, nn.Module, "an nn.Module")
         if not any(True for _ in module.parameters()):
             raise ValueError(f"module ({type(module).__name__}) has no parameters: there is nothing to shard")
+        param_dtype = _torch_arguments(module, param_dtype, mp_policy, reshard_after_forward, reduce_dtype)
         if param_dtype is not None and not (isinstance(param_dtype, torch.dtype) and param_dtype.is_floating_point):
             raise TypeError(f"param_dtype must be None or a floating-point torch.dtype such as torch.bfloat16, "
                             f"got {param_dtype!r}")
@@ -496,6 +601,7 @@ class FullyShardedModule(nn.Module):
         self.module, self.group = module, group
         self.rank, self.world_size, self.param_dtype = rank, world_size, param_dtype
         self._param_names = [n for n, _ in module.named_parameters(remove_duplicate=False)]
+        self._state_keys = list(module.state_dict(keep_vars=True))   # the plain model's keys, in order
         # frozen parameters get units of their own: gathered alike, never reduce-scattered
         self._units = [_Unit(path, m, part, group, rank, world_size, global_rank(0), param_dtype, aliases)
                        for path, m, params in owners
@@ -506,11 +612,19 @@ class FullyShardedModule(nn.Module):
         self._gathered: dict[int, _Unit] = {}       # storage pointer of a gathered buffer -> its unit
         # the units gathered for the whole forward (FSDP's root unit), the others around their layer
         self._outer = [u for u in self._units if u.path in set(keep_gathered)]
+        self._depth, self._saved_hooks = 0, None    # the root context: see _enter / _exit
+        # the root context around the wrapped module's own forward — model(x), and model.module(x)
+        # or a method of the model that calls it (TinyGPT.loss calls self(idx)); it runs first
+        self._root_calls = 0
+        module.register_forward_pre_hook(self._root_pre_hook, with_kwargs=True, prepend=True)
         for unit in self._units:
-            if unit in self._outer:
+            if unit in self._outer:               # gathered by the root, or lazily inside a method
+                for holder in {id(m): m for owners in unit.owners for m, _ in owners}.values():
+                    holder.register_forward_pre_hook(self._make_lazy_hook(unit))
                 continue
             unit.module.register_forward_pre_hook(self._make_pre_hook(unit), with_kwargs=True)
             unit.module.register_forward_hook(self._make_post_hook(unit), always_call=True)
+        module.register_forward_hook(self._root_post_hook, always_call=True)     # after the units'
         for unit in self._units:                  # what backward wrote, to catch a per-rank clip
             if unit.trainable:
                 unit.shard._group = group
@@ -533,6 +647,7 @@ class FullyShardedModule(nn.Module):
 
     def _make_pre_hook(self, unit):
         def pre_hook(module, args, kwargs):
+            _refuse_compile()
             self._gather(unit)
             if self.param_dtype is not None:                  # FSDP2's cast_forward_inputs
                 return _cast_floating(args, self.param_dtype), _cast_floating(kwargs, self.param_dtype)
@@ -557,17 +672,105 @@ class FullyShardedModule(nn.Module):
             return full.as_strided(saved.size, saved.stride, saved.offset)
         return saved
 
-    def forward(self, *args, **kwargs):
-        if self.param_dtype is not None:
-            args, kwargs = _cast_floating(args, self.param_dtype), _cast_floating(kwargs, self.param_dtype)
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            for unit in self._outer:              # tied layers: gathered for the whole forward
-                self._gather(unit)
+    # -- the root context: the kept-gathered units and the saved-tensor hooks, around the model ---
+    def _enter(self, *, eager: bool = True) -> None:
+        """Enter the root context. ``eager``: gather the kept units now (the model's forward, which
+        every rank runs); else each when its module is first called (a method such as
+        ``num_parameters()`` that one rank may call alone must not start a collective)."""
+        _refuse_compile()
+        if self._depth == 0:
+            hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            hooks.__enter__()
+            self._saved_hooks = hooks
+        self._depth += 1
+        if eager:
             try:
-                return self.module(*args, **kwargs)
-            finally:
-                for unit in self._outer:
-                    self._release(unit)
+                for unit in self._outer:          # tied layers: gathered for the whole forward
+                    if unit.full is None:
+                        self._gather(unit)
+            except BaseException:
+                self._exit()
+                raise
+
+    def _make_lazy_hook(self, unit):
+        def lazy_gather(module, args):            # a kept unit first used inside a method
+            if self._depth > 0 and unit.full is None:
+                self._gather(unit)
+        return lazy_gather
+
+    def _exit(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            for unit in self._outer:
+                self._release(unit)
+            hooks, self._saved_hooks = self._saved_hooks, None
+            hooks.__exit__(None, None, None)
+
+    def _root_pre_hook(self, module, args, kwargs):
+        self._enter()
+        self._root_calls += 1
+        if self.param_dtype is not None:          # FSDP2's cast_forward_inputs (the root's inputs)
+            return _cast_floating(args, self.param_dtype), _cast_floating(kwargs, self.param_dtype)
+        return None
+
+    def _root_post_hook(self, module, args, output):    # always_call: also when the forward raised
+        if self._root_calls:
+            self._root_calls -= 1
+            self._exit()
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)       # the root pre-hook gathers the kept units
+
+    def __getattr__(self, name: str):
+        """The wrapped model's attributes and methods, as FSDP2 keeps the model's class:
+        ``model.loss(x, y)``, ``model.config``. Inside a method each unit is gathered when its
+        module is called — the kept-gathered ones (an embedding a tied head reads) then stay
+        gathered until the method returns, as in the forward — so a method that calls layers is a
+        collective (every rank calls it), one that calls none is not. ``model.module`` is the bare
+        model: its forward works (``model.module(x)``), but a method of it that calls a layer
+        without calling the model's forward (``model.module.hidden_states(x)``) finds a kept unit's
+        parameters ``None``: call it on the wrapper."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is None or name.startswith("__"):
+                raise
+        value = getattr(module, name)
+        if inspect.ismethod(value) and value.__self__ is module:
+            method = value
+
+            @functools.wraps(method)
+            def run_gathered(*args, **kwargs):
+                self._enter(eager=False)
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    self._exit()
+            return run_gathered
+        return value
+
+    # -- gradient accumulation without communication, as FSDP2 / DDP ------------------------------
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """FSDP2's switch: ``False`` — backward adds each unit's full (unsharded) gradient into a
+        local buffer and sends nothing; the next backward with ``True`` adds its gradient to that
+        sum and reduce-scatters it once, as DDP's ``no_sync()`` (the same sums in the same order:
+        bit for bit like DDP on 2 ranks). Costs one full gradient of the model per rank while off."""
+        if not isinstance(requires_gradient_sync, bool):
+            raise TypeError(f"requires_gradient_sync must be a bool, got {requires_gradient_sync!r}")
+        for unit in self._units:
+            unit.sync = requires_gradient_sync
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DDP's / FSDP1's context manager: :meth:`set_requires_gradient_sync` ``(False)`` inside."""
+        before = [u.sync for u in self._units]
+        self.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            for unit, sync in zip(self._units, before):
+                unit.sync = sync
 
     # -- clipping by the global norm, as FSDP1's FullyShardedDataParallel.clip_grad_norm_ ---------
     @torch.no_grad()
@@ -628,10 +831,117 @@ class FullyShardedModule(nn.Module):
                 out[prefix + name] = full[off:off + n].view(shape).clone()
                 for alias in unit.alias_names[name]:            # a tied weight: one tensor, two names
                     out[alias] = out[prefix + name]
-        out = {name: out[name] for name in self._param_names if name in out} | out   # the model's order
+        buffers = dict(self.module.named_buffers(remove_duplicate=False))
+        for name in self._state_keys:                            # the persistent buffers
+            if name in buffers and name not in out:
+                out[name] = buffers[name].detach().clone()
+        return {name: out[name] for name in self._state_keys if name in out} | out   # the model's order
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """The *unsharded* model's state dict, on every rank (a collective: call it on all ranks) —
+        the keys and shapes of the wrapped model's own ``state_dict()``, loadable into the plain
+        model, as FSDP's full state dict (``get_model_state_dict(…, full_state_dict=True)``) and
+        DDP's ``model.module.state_dict()``. This rank's flat shards (``shards.N``) are
+        :meth:`shard_state_dict`.
+
+        Example::
+
+            >>> import torch, gpucourse as gc
+            >>> def saved(rank, world_size):
+            ...     torch.manual_seed(0)
+            ...     model = gc.FullyShardedModule(torch.nn.Linear(4, 3))
+            ...     state = model.state_dict()                       # the plain Linear's keys
+            ...     plain = torch.nn.Linear(4, 3)
+            ...     plain.load_state_dict(state)                     # loads into the plain model
+            ...     fresh = gc.FullyShardedModule(torch.nn.Linear(4, 3))
+            ...     fresh.load_state_dict(state)                     # and back into the shards
+            ...     x = torch.ones(2, 4)
+            ...     return list(state), torch.equal(fresh(x), plain(x)), list(model.shard_state_dict())
+            >>> gc.launch(saved, 2)[0]
+            (['weight', 'bias'], True, ['shards.0'])
+        """
+        if args:
+            raise TypeError("FullyShardedModule.state_dict() takes keyword arguments only "
+                            "(destination=, prefix=, keep_vars=)")
+        if keep_vars:
+            raise ValueError("FullyShardedModule.state_dict(keep_vars=True): the model's parameters do not "
+                             "exist outside the forward (each rank holds flat shards); state_dict() returns "
+                             "gathered copies, and shard_state_dict(keep_vars=True) this rank's shards")
+        if destination is None:
+            destination = {}
+        for name, value in self.full_state_dict().items():
+            destination[prefix + name] = value
+        return destination
+
+    def shard_state_dict(self, *, keep_vars: bool = False) -> dict:
+        """This rank's own slices, ``{"shards.N": …}`` and the buffers (``module.…``): what
+        ``nn.Module.state_dict`` gives for the wrapper. Reload it on the same rank of the same
+        world size with :meth:`load_shard_state_dict`."""
+        return nn.Module.state_dict(self, keep_vars=keep_vars)
+
+    def load_shard_state_dict(self, state_dict, strict: bool = True):
+        """Load what :meth:`shard_state_dict` saved on this rank."""
+        self._loading_shards = True
+        try:
+            return nn.Module.load_state_dict(self, state_dict, strict=strict)
+        finally:
+            self._loading_shards = False
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load the *unsharded* model's state dict — the keys of the wrapped model's own
+        ``state_dict()``, e.g. saved by :meth:`state_dict`, by DDP's ``model.module.state_dict()``
+        or by FSDP's full state dict — on every rank: each rank copies its slice into its shards
+        (FSDP's ``set_model_state_dict(…, full_state_dict=True)``). Missing and unexpected keys
+        are reported as ``nn.Module.load_state_dict`` reports them."""
+        if assign:
+            raise ValueError("FullyShardedModule.load_state_dict(assign=True): the parameters are flat shards; "
+                             "the values are copied into them (assign=False)")
+        keys = set(state_dict)
+        if any(k.startswith("shards.") for k in keys) and not any(k in keys for k in self._param_names):
+            raise RuntimeError("FullyShardedModule.load_state_dict() takes the unsharded model's state dict "
+                               "(its own keys, from state_dict()); this one holds shards (shards.N) — load "
+                               "a rank's own shard_state_dict() with load_shard_state_dict()")
+        expected = set(self._param_names) | {n for n, _ in self.module.named_buffers()}
+        missing = [n for n in self.full_names() if n not in keys]
+        unexpected = sorted(keys - expected)
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"Error(s) in loading state_dict for FullyShardedModule "
+                               f"({type(self.module).__name__}): missing keys {missing}, unexpected keys "
+                               f"{unexpected}")
+        for unit in self._units:
+            prefix = f"{unit.path}." if unit.path else ""
+            names = [prefix + n for n in unit.names]
+            if not all(n in keys for n in names):
+                if any(n in keys for n in names):
+                    raise RuntimeError(f"load_state_dict: unit {unit.path!r} is loaded whole; the state dict "
+                                       f"has only some of {names}")
+                continue
+            flat = torch.zeros(unit.padded, dtype=unit.shard.dtype, device=unit.shard.device)
+            for name, shape, off, n in zip(names, unit.shapes, unit.offsets, unit.numels):
+                value = state_dict[name]
+                value = getattr(value, "full_tensor", lambda v=value: v)()     # a DTensor: gathered
+                if tuple(value.shape) != tuple(shape):
+                    raise RuntimeError(f"load_state_dict: {name} has shape {tuple(value.shape)}, the model's "
+                                       f"is {tuple(shape)}")
+                flat[off:off + n] = value.reshape(-1)
+            unit.shard.copy_(flat.view(self.world_size, -1)[self.rank])
         for name, buf in self.module.named_buffers():
-            out[name] = buf.detach().clone()
-        return out
+            if name in keys:
+                buf.copy_(state_dict[name])
+        return nn.modules.module._IncompatibleKeys(missing, unexpected)
+
+    def full_names(self) -> list[str]:
+        """The keys of the wrapped model's own state dict (parameters, tied ones under each name, and
+        persistent buffers)."""
+        return list(self._state_keys)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if self.__dict__.get("_loading_shards"):
+            return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        raise RuntimeError("a gc.FullyShardedModule inside another module cannot be loaded by the outer "
+                           "module's load_state_dict(); call load_state_dict() on the FullyShardedModule "
+                           "itself with the inner model's keys")
 
 
 def _cast_floating(obj, dtype: torch.dtype):

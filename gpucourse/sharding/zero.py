@@ -150,7 +150,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         Adafactor) do not shard this way. Freezing or unfreezing a parameter after construction raises at the next ``step()``.
         fp16 loss scaling (``torch.amp.GradScaler``) does not fit: it looks for inf in each rank's
         own gradients before ``step()`` averages them (ranks could disagree on skipping a step),
-        and in stage 2 it finds none — train in bf16, which needs no scaler.
+        and in stage 2 it finds none — ``scaler.step(opt)`` raises on every rank; train in bf16,
+        which needs no scaler.
     """
 
     def __init__(self, params, optimizer_class, process_group=None, parameters_as_bucket_view: bool = False,
@@ -360,9 +361,20 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return used
 
     # -- the step: 2) average gradients, 3) update my shard, 4) all-gather parameters -------------
+    #: ``torch.amp.GradScaler.step`` then calls ``step()`` on every rank, with the scaler's
+    #: ``found_inf`` set, instead of skipping it on the ranks whose own gradients hold an inf —
+    #: which left the other ranks waiting in step()'s collectives — so that step() can refuse it
+    _step_supports_amp_scaling = True
+
     @torch.no_grad()
     def step(self, closure=None):
         """Average the gradients, update this rank's shard, all-gather the parameters."""
+        if getattr(self, "found_inf", None) is not None or getattr(self, "grad_scale", None) is not None:
+            raise RuntimeError(
+                "torch.amp.GradScaler does not work with gc.ZeroOptimizer: the scaler looks for inf in each "
+                "rank's own gradients before step() averages them (stage 2: in none at all), so the ranks "
+                "would disagree on skipping a step and on the next scale. Train in bf16 (no scaler needed), "
+                "or use DDP + GradScaler.")
         loss = None
         if closure is not None:
             with torch.enable_grad():

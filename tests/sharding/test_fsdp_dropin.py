@@ -193,3 +193,318 @@ def test_tied_tinygpt_clipped_trains_like_ddp(way):
         torch.testing.assert_close(torch.tensor(norms), torch.tensor(ddp_norms), rtol=1e-6, atol=0)
         for k, v in ddp.items():
             torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+
+
+# -- state dicts: the unsharded model's keys, out and back in (FSDP's full state dict) ---------------
+
+def _state_run(rank, world_size, way, steps, load=None):
+    """``steps`` steps of AdamW; ``load=(model_state, opt_state)`` first: resume a checkpoint into a
+    fresh model (another seed) — the model from the full state dict, the optimizer from this rank's own."""
+    model = make_model()
+    if load is not None:
+        torch.manual_seed(123)
+        for p in model.parameters():                               # not the values saved
+            p.data.normal_()
+    if way == "ddp":
+        model = DDP(model)
+    elif way == "fsdp2":
+        model = _fsdp2(model)
+    else:
+        model = gc.FullyShardedModule(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    first = 0
+    if load is not None:
+        full, opt_states = load
+        if way == "ddp":
+            model.module.load_state_dict(full)
+        else:
+            model.load_state_dict(full)                            # the plain keys, on every rank
+        opt.load_state_dict(opt_states[rank])
+        first = 2
+    for step in range(first, first + steps):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    if way == "fsdp2":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    elif way == "ddp":
+        state = model.module.state_dict()
+    else:
+        state = model.state_dict()                                 # FSDP1's default: the full one
+    plain = make_model()
+    plain.load_state_dict(state)                                   # strict: the plain model's keys
+    return {k: v.detach().clone() for k, v in state.items()}, plain(torch.ones(2, 6)), opt.state_dict()
+
+
+def test_full_state_dict_round_trip_equals_ddp_and_fsdp2():
+    """state_dict() gives the plain model's keys and shapes (equal to FSDP2's full state dict and
+    DDP's module state), loads into the plain model, and load_state_dict(full) into a fresh
+    FullyShardedModule resumes training bit for bit like an uninterrupted run."""
+    ddp = gc.launch(_state_run, 2, args=("ddp", 4), timeout=120)[0]
+    fsdp2 = gc.launch(_state_run, 2, args=("fsdp2", 4), timeout=120)[0]
+    ours = gc.launch(_state_run, 2, args=("ours", 4), timeout=120)
+    keys = list(make_model().state_dict())
+    for state, out, _ in ours:
+        assert list(state) == keys
+        for ref in (ddp, fsdp2):
+            torch.testing.assert_close(state, ref[0], rtol=1e-6, atol=1e-7)
+        assert all(torch.equal(state[k], v) for k, v in ddp[0].items())          # bit for bit with DDP
+        assert torch.equal(out, ddp[1])                                            # in the plain model
+    half = gc.launch(_state_run, 2, args=("ours", 2), timeout=120)
+    checkpoint = (half[0][0], [opt_state for _, _, opt_state in half])
+    for state, _, _ in gc.launch(_state_run, 2, args=("ours", 2, checkpoint), timeout=120):
+        assert all(torch.equal(state[k], v) for k, v in ours[0][0].items())       # as if never stopped
+    ddp_half = gc.launch(_state_run, 2, args=("ddp", 2), timeout=120)              # (DDP resumes alike)
+    resumed = gc.launch(_state_run, 2, args=("ddp", 2, (half[0][0], [o for _, _, o in ddp_half])),
+                        timeout=120)[0][0]
+    assert all(torch.equal(resumed[k], v) for k, v in ddp[0].items())
+
+
+def _dcp(rank, world_size, way):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    model = _fsdp2(make_model()) if way == "fsdp2" else gc.FullyShardedModule(make_model())
+    options = StateDictOptions(full_state_dict=True)
+    state = get_model_state_dict(model, options=options)
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    try:
+        set_model_state_dict(model, state, options=options)
+        return shapes, None
+    except RuntimeError as e:
+        return shapes, str(e)
+
+
+def test_get_model_state_dict_gives_the_model_keys_and_set_model_state_dict_fails_loudly():
+    theirs, err = gc.launch(_dcp, 2, args=("fsdp2",), timeout=120)[0]
+    assert err is None
+    for shapes, msg in gc.launch(_dcp, 2, args=("ours",), timeout=120):
+        assert shapes == theirs                                    # not shards.N
+        assert msg is not None and "model.load_state_dict(full)" in msg, msg
+
+
+def _shard_keys(rank, world_size):
+    model = gc.FullyShardedModule(make_model())
+    mine = model.shard_state_dict()
+    outer = nn.Sequential(model)
+    nested = outer.state_dict()
+    try:
+        outer.load_state_dict(nested)
+        nested_msg = ""
+    except RuntimeError as e:
+        nested_msg = str(e)
+    try:
+        model.load_state_dict(mine)
+    except RuntimeError as e:
+        return list(mine), str(e), model.load_shard_state_dict(mine).missing_keys, list(nested), nested_msg
+    return list(mine), None, None, list(nested), nested_msg
+
+
+def test_shards_load_only_with_the_shard_call():
+    for keys, msg, missing, nested, nested_msg in gc.launch(_shard_keys, 2, timeout=60):
+        assert keys == ["shards.0", "shards.1", "shards.2"]
+        assert msg is not None and "load_shard_state_dict()" in msg and missing == []
+        assert nested == ["0." + k for k in make_model().state_dict()]            # inside another module
+        assert "load_state_dict() on the FullyShardedModule itself" in nested_msg
+
+
+# -- the model's own methods (FSDP2 keeps the model's class) ---------------------------------------
+
+def _gpt_methods(rank, world_size, way):
+    torch.manual_seed(0)
+    model = gc.TinyGPT(**GPT)
+    if way == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        model = fully_shard(model)
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        register_fsdp_forward_method(model, "hidden_states")       # FSDP2 gathers only around forward
+    elif way == "ours":
+        model = gc.FullyShardedModule(model)
+    else:
+        model = DDP(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.02, eps=1e-4)
+    losses = []
+    for step in range(3):
+        g = torch.Generator().manual_seed(900 + step)
+        x, y = (torch.randint(0, GPT["vocab_size"], (8, GPT["seq_len"]), generator=g) for _ in range(2))
+        x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+        if way == "ddp":                                            # DDP: forward() syncs, .module does not
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        else:
+            loss = model.loss(x, y)                                 # the model's own method
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+    x = torch.arange(6).view(2, 3) % GPT["vocab_size"]
+    plain = getattr(model, "module", model)
+    with torch.no_grad():
+        hidden = model.hidden_states(x) if way != "ddp" else plain.hidden_states(x)
+        again = plain.loss(x, x)                                     # .module's method (ours: the raw model)
+    gen = (model if way != "ddp" else plain).generate(x, 3)
+    if way == "ours" and rank == 0:                                  # no layer called: no collective
+        assert model.num_parameters() == 0 and model.config == GPT | {"ffn_hidden": 4 * GPT["hidden"]}
+    full = _full(model) if way != "fsdp2" else {k: v.full_tensor() for k, v in model.state_dict().items()}
+    return losses, full, hidden, again, gen
+
+
+def test_model_methods_work_as_with_fsdp2_and_ddp():
+    """model.loss / hidden_states / generate / model.module.loss: the wrapped model's methods,
+    with the kept-gathered embedding gathered around them; training by model.loss equals DDP."""
+    ddps = gc.launch(_gpt_methods, 2, args=("ddp",), timeout=120)
+    fsdp2s = gc.launch(_gpt_methods, 2, args=("fsdp2",), timeout=120)
+    ours = gc.launch(_gpt_methods, 2, args=("ours",), timeout=120)
+    for (losses, full, hidden, again, gen), ddp, fsdp2 in zip(ours, ddps, fsdp2s):       # rank by rank
+        assert losses == ddp[0]
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(fsdp2[0]), rtol=1e-6, atol=0)
+        for k, v in ddp[1].items():
+            torch.testing.assert_close(full[k], v, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(hidden, ddp[2], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(again, ddp[3], rtol=1e-5, atol=1e-6)
+        assert torch.equal(gen, ddp[4]) and torch.equal(gen, fsdp2[4])
+
+
+# -- PyTorch's arguments: the same meaning, or a message ------------------------------------------
+
+def _accumulate(rank, world_size, way, switch):
+    model = make_model()
+    model = {"ddp": DDP, "fsdp2": _fsdp2, "ours": gc.FullyShardedModule}[way](model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        for i, (xm, ym) in enumerate(zip(x.tensor_split(2), y.tensor_split(2))):
+            last = i == 1
+            if switch == "no_sync" and not last:
+                with model.no_sync():
+                    (F.mse_loss(model(xm), ym) / 2).backward()
+            else:
+                if switch == "set":
+                    model.set_requires_gradient_sync(last)
+                (F.mse_loss(model(xm), ym) / 2).backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model)
+
+
+@pytest.mark.parametrize("switch", ["set", "no_sync"])
+def test_gradient_accumulation_without_sync_equals_ddp_and_fsdp2(switch):
+    ddp = gc.launch(_accumulate, 2, args=("ddp", "no_sync"), timeout=120)[0]
+    fsdp2 = gc.launch(_accumulate, 2, args=("fsdp2", "set"), timeout=120)[0]
+    for state in gc.launch(_accumulate, 2, args=("ours", switch), timeout=120):
+        assert all(torch.equal(state[k], v) for k, v in ddp.items())              # the same sums
+        torch.testing.assert_close(state, fsdp2, rtol=1e-5, atol=1e-6)
+
+
+def _mp(rank, world_size, way, kwargs=None):
+    kwargs = dict(kwargs or {})
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if "mp" in kwargs:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(**kwargs.pop("mp"))
+    model = make_model()
+    if way == "fsdp2":
+        for layer in model:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer, **kwargs)
+        model = fully_shard(model, **kwargs)
+    else:
+        try:
+            model = gc.FullyShardedModule(model, **kwargs)
+        except (ValueError, TypeError) as e:
+            return str(e)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x).float(), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model)
+
+
+def test_mp_policy_and_reshard_after_forward_as_fsdp2_or_refused():
+    bf16 = dict(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    theirs = gc.launch(_mp, 2, args=("fsdp2", dict(mp=bf16, reshard_after_forward=True)), timeout=120)[0]
+    by_dtype = gc.launch(_mp, 2, args=("ours", dict(param_dtype=torch.bfloat16)), timeout=120)[0]
+    for state in gc.launch(_mp, 2, args=("ours", dict(mp=bf16, reshard_after_forward=True)), timeout=120):
+        assert all(torch.equal(state[k], v) for k, v in by_dtype.items())         # = param_dtype=bf16
+        torch.testing.assert_close(state, theirs, rtol=1e-3, atol=1e-3)            # = FSDP2 (bf16 compute)
+    plain = gc.launch(_mp, 2, args=("ours",), timeout=120)[0]
+    assert not torch.equal(plain["0.weight"], by_dtype["0.weight"])               # (bf16 does differ)
+    ours = gc.launch(_mp, 2, args=("ours", dict(reduce_dtype=torch.float32)), timeout=120)[0]
+    assert all(torch.equal(ours[k], v) for k, v in plain.items())
+    # what FSDP2 does and the class does not: refused with what to do instead
+    refused = {"reduce_dtype=torch.float32": dict(mp=dict(param_dtype=torch.bfloat16)),   # reduces in bf16
+               "keep_gathered": dict(reshard_after_forward=False),
+               "parameters' own dtype": dict(reduce_dtype=torch.bfloat16),
+               "out.float()": dict(mp=dict(output_dtype=torch.float32))}
+    for words, kwargs in refused.items():
+        msg = gc.launch(_mp, 2, args=("ours", kwargs), timeout=120)[0]
+        assert isinstance(msg, str) and words in msg, (kwargs, msg)
+    theirs = gc.launch(_mp, 2, args=("fsdp2", dict(reshard_after_forward=False)), timeout=120)[0]
+    assert isinstance(theirs, dict)                                                 # (FSDP2 runs it)
+
+
+def _compiled(rank, world_size, way):
+    model = _fsdp2(make_model()) if way == "fsdp2" else gc.FullyShardedModule(make_model())
+    compiled = torch.compile(model, backend="eager")
+    try:
+        for step in range(2):
+            x, y = batch(step, rank, world_size)
+            F.mse_loss(compiled(x), y).backward()
+    except Exception as e:                                     # dynamo wraps it
+        return str(e)
+    return None
+
+
+def test_torch_compile_is_refused_with_a_message():
+    assert gc.launch(_compiled, 2, args=("fsdp2",), timeout=300)[0] is None
+    for msg in gc.launch(_compiled, 2, args=("ours",), timeout=300):
+        assert msg is not None and "torch.compile does not support gc.FullyShardedModule" in msg, msg
+
+
+# -- torch.amp.GradScaler: an overflow on one rank only --------------------------------------------
+
+def _scaled(rank, world_size, way, overflow_step=1):
+    """GradScaler on CPU (fp32 here: the overflow is injected) with one inf in one element of the
+    last layer's weight gradient, on rank 0 only, in step ``overflow_step``."""
+    model = make_model()
+    layer = model[4]
+    model = DDP(model) if way == "ddp" else gc.FullyShardedModule(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    handles, scales = [], []
+
+    def inject(module, args):                        # the gathered weight (ours) or the parameter (DDP)
+        handles.append(module.weight.register_hook(lambda g: g.index_put((torch.tensor([0]), torch.tensor([0])),
+                                                                           torch.tensor(float("inf")))))
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        hook = layer.register_forward_pre_hook(inject) if rank == 0 and step == overflow_step else None
+        scaler.scale(F.mse_loss(model(x), y)).backward()
+        if hook is not None:
+            hook.remove()
+            handles.pop().remove()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        opt.zero_grad()
+    return _full(model), scales
+
+
+def test_grad_scaler_skips_the_same_steps_as_ddp():
+    """DDP's all-reduce gives every rank the inf: both skip the step and halve the scale. The
+    reduce-scatter gave it to one rank only, whose scaler skipped while the other stepped and
+    waited; now every rank's shard gets a nan, and training equals DDP's bit for bit."""
+    ddp = gc.launch(_scaled, 2, args=("ddp",), timeout=120)[0]
+    assert ddp[1] == [256.0, 128.0, 128.0, 128.0]              # step 1 skipped on both ranks
+    clean = gc.launch(_scaled, 2, args=("ddp", -1), timeout=120)[0]
+    assert not torch.equal(clean[0]["0.weight"], ddp[0]["0.weight"])       # (the skip matters)
+    for state, scales in gc.launch(_scaled, 2, args=("ours",), timeout=60):
+        assert scales == ddp[1]
+        assert all(torch.equal(state[k], v) for k, v in ddp[0].items())

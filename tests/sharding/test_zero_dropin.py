@@ -286,3 +286,46 @@ def test_model_zero_grad_trains_as_ddp_or_is_refused(stage):
             assert all(torch.equal(p, q) for p, q in zip(ours, ddp))
         else:
             assert isinstance(ours, str) and "opt.zero_grad()" in ours, ours
+
+
+# -- torch.amp.GradScaler: refused on every rank at scaler.step, instead of hanging ----------------
+
+def _scaled(rank, world_size, way):
+    """GradScaler on CPU with one inf in one gradient element on rank 0 only, in step 1."""
+    model = make_model()
+    layer = model[4]
+    if way == "ddp":
+        model = DDP(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    else:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    scales = []
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        handle = None
+        if rank == 0 and step == 1:
+            handle = layer.weight.register_hook(
+                lambda g: g.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(float("inf"))))
+        scaler.scale(F.mse_loss(model(x), y)).backward()
+        if handle is not None:
+            handle.remove()
+        try:
+            scaler.step(opt)
+        except (RuntimeError, AssertionError) as e:
+            return str(e), step
+        scaler.update()
+        scales.append(scaler.get_scale())
+        opt.zero_grad()
+    return scales, None
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_grad_scaler_is_refused_at_once_on_every_rank(stage):
+    """DDP skips step 1 on both ranks; ZeroOptimizer's scaler would look at each rank's own
+    gradients (stage 1: rank 0 skipped, rank 1 waited in step() until the timeout; stage 2:
+    "No inf checks were recorded"). Now scaler.step(opt) raises the same message on every rank
+    at the first step."""
+    assert gc.launch(_scaled, 2, args=("ddp",), timeout=120)[0] == ([256.0, 128.0, 128.0, 128.0], None)
+    for msg, step in gc.launch(_scaled, 2, args=(stage,), timeout=60):
+        assert step == 0 and "GradScaler does not work with gc.ZeroOptimizer" in msg and "bf16" in msg, msg
