@@ -10,6 +10,12 @@ VISIBLE = {
         "forgets to return": "dist.all_reduce(tensor)\ntensor /= dist.get_world_size()",
     },
     "00.2": {
+        "no empty spec": """\
+ids = [int(x) for x in spec.split(",")]          # int('') fails on an empty CUDA_VISIBLE_DEVICES
+if not 0 <= logical < len(ids):
+    raise IndexError(logical)
+return ids[logical]
+""",
         "constant": "return 0",
         "negative index": """\
 ids = [int(x) for x in spec.split(",") if x.strip()]
@@ -154,8 +160,8 @@ return tensor
 """,
     },
     "00.2": {
-        "no empty spec": """\
-ids = [int(x) for x in spec.split(",")]          # int('') fails on an empty CUDA_VISIBLE_DEVICES
+        "at most 8 GPUs (a node's worth)": """\
+ids = [int(x) for x in spec.split(",") if x.strip()][:8]       # a node has at most 8 GPUs, it thinks
 if not 0 <= logical < len(ids):
     raise IndexError(logical)
 return ids[logical]

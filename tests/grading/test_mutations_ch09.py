@@ -154,6 +154,9 @@ dp_rank = rank // tp
 return [dp_rank * tp + t for t in range(tp)]
 """],
         "(dp_rank, tp_rank)": [_COORDS.format(check=_CHECK, result="dp_rank, tp_rank"), None, None],
+        "the first rank past the mesh is accepted": [_COORDS.format(check="""\
+if rank < 0 or rank > tp * dp:
+    raise ValueError(rank)""", result="tp_rank, dp_rank"), None, None],
         "no ValueError": [_COORDS.format(check="", result="tp_rank, dp_rank"), None, None],
         "negative ranks slip through": [_COORDS.format(check="""\
 if rank >= tp * dp:
@@ -257,9 +260,9 @@ return (sum_exp.log() - picked).mean()
 """,
     },
     "09.4": {
-        "the first rank past the mesh is accepted": [_COORDS.format(check="""\
-if rank < 0 or rank > tp * dp:
-    raise ValueError(rank)""", result="tp_rank, dp_rank"), None, None],
+        "the dp group searched among the first 64 ranks": [None, None, """\
+return [r for r in range(min(tp * dp, 64)) if r % tp == rank % tp]   # a table sized for the visible meshes (<= 36 ranks)
+"""],
     },
     "09.5": {
         "fp32 or bf16 elements only": (
