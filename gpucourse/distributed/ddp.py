@@ -167,7 +167,10 @@ def _reached_params(outputs) -> set[int]:
 class MiniDDP(nn.Module):
     """A data-parallel wrapper small enough to read: its parameters after N steps equal PyTorch DDP's.
 
-    Args (PyTorch DDP's, in its order; positional ``MiniDDP(model, [rank])`` works as with DDP):
+    It takes PyTorch DDP's arguments, in DDP's order: positional ``MiniDDP(model, [rank])`` works as
+    with DDP.
+
+    Args:
         module: the model, already on this process's device (move it *before* wrapping).
         device_ids: ``None``, ``[]``, or ``[the CUDA device of a CUDA module]``: inputs are then
             moved to that device in ``forward``. A CPU module takes ``None``/``[]`` only — the
