@@ -731,8 +731,11 @@ class JudgeProcess:
             argv = [shutil.which("bwrap"), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent",
                     "--", *argv]
         try:
+            # local: a session of its own, so that the kernel's interrupt (Jupyter signals the kernel's
+            # whole process group; nbgrader validate does so when a cell overruns) does not kill it
+            # mid-way and read as "your values crashed the judge"; it still dies with the kernel
             self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                         env=env, close_fds=True)
+                                         env=env, close_fds=True, start_new_session=local)
         finally:
             # the judge writes to the open file, and its last line is read through self.log: the
             # name is not needed, and a judge that ends with its kernel leaves no file behind
@@ -757,7 +760,11 @@ class JudgeProcess:
             except (BrokenPipeError, ConnectionResetError, ValueError):
                 self._reap()                # it ended before it read the request: not the request's doing
                 raise JudgeGone(gone.format(self._tail())) from None
-            line = _read_line(self.proc.stdout, timeout)
+            try:
+                line = _read_line(self.proc.stdout, timeout)
+            except BaseException:           # interrupted (Ctrl-C, the stop button): its reply would come
+                self.close()                # out of step with the next request; the next check starts a
+                raise                       # fresh judge
             if line is None:
                 tail = self._tail()
                 self.close()

@@ -38,6 +38,7 @@ only for the public seed. Everything else (structure first, the compare, the mes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -46,7 +47,13 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import harness, structure, wire
+if __name__ == "__main__":
+    # nbformat imports jsonschema, which imports rfc3987_syntax where it is installed (jupyter-events
+    # asks for it) and builds an IRI grammar as it does: 1.3 s of every judge's start, the wait of a
+    # learner's first check, for a format no notebook schema uses. This process is the judge alone.
+    sys.modules.setdefault("rfc3987_syntax", None)      # an import of it raises ImportError: skipped
+
+from . import harness, structure, wire  # noqa: E402
 from .exercises import CHECK_HEADER, CHECK_TAG, HIDDEN_HEADER, HIDDEN_TAG, definition_cells
 
 __all__ = ["ANY_LENGTH", "Judge", "main"]
@@ -105,7 +112,8 @@ class Judge:
         cwd = os.getcwd()
         os.chdir(self.path.parent)
         try:
-            self._run_cells(shell, nb)
+            with _no_live_ranks() if self.public is not None else contextlib.nullcontext():
+                self._run_cells(shell, nb)
         finally:
             os.chdir(cwd)
             harness._state["mode"] = mode
@@ -356,6 +364,28 @@ def _stand_in(name: str):
 
     stand_in.__name__ = stand_in.__qualname__ = name
     return stand_in
+
+
+@contextlib.contextmanager
+def _no_live_ranks():
+    """Public mode: the set-up's ``gc.start_ranks(n)`` starts nothing. A public judge runs no answer
+    and no reference — the course's values come from the file — so live ranks would only cost its
+    start (``torch._dynamo``'s import and n processes: 1.4 s before a learner's first check)."""
+    import gpucourse
+
+    def start_ranks(world_size: int = 2, *, timeout: float = 60.0):
+        return gpucourse.ranks
+
+    had = "start_ranks" in vars(gpucourse)
+    original = getattr(gpucourse, "start_ranks")
+    gpucourse.start_ranks = start_ranks
+    try:
+        yield
+    finally:
+        if had:
+            gpucourse.start_ranks = original
+        else:
+            del gpucourse.start_ranks
 
 
 def _die_with_parent() -> None:

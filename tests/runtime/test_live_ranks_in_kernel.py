@@ -6,69 +6,16 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
-from pathlib import Path
 
 import nbformat
 import pytest
+from _kernel import REPO, Kernel
 from _processes import alive, children_of, comm, listeners_of, parent_of, wait_gone
 from nbformat.v4 import new_code_cell, new_notebook
 
-import gpucourse as gc
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
-REPO = Path(gc.__file__).resolve().parents[1]     # the kernel imports the same gpucourse as this test
-
-
-class Kernel:
-    """An ipykernel of this interpreter (unix sockets), and a way to run a cell and keep its outputs."""
-
-    def __init__(self, tmp_path):
-        import ipykernel.kernelspec
-        from jupyter_client.kernelspec import KernelSpecManager
-        from jupyter_client.manager import KernelManager
-
-        class CurrentEnv(KernelSpecManager):
-            def get_kernel_spec(self, kernel_name):
-                return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
-                                              **ipykernel.kernelspec.get_kernel_dict())
-
-        self.sockets = tempfile.mkdtemp(prefix="gpucourse-kernel-")
-        self.km = KernelManager(kernel_name="python3", kernel_spec_manager=CurrentEnv())
-        self.km.transport, self.km.ip = "ipc", os.path.join(self.sockets, "kernel")
-        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-        self.km.start_kernel(env={**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
-        self.pid = self.km.provisioner.process.pid
-        self.client = self.km.client()
-        self.client.start_channels()
-        self.client.wait_for_ready(timeout=120)
-
-    def run(self, code: str, timeout: float = 120):
-        """``(status, outputs)``: outputs as ``(kind, text or mime types)`` in the order they came."""
-        outputs = []
-
-        def keep(msg):
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                if outputs and outputs[-1][0] == content["name"]:      # as a notebook merges them
-                    outputs[-1] = (content["name"], outputs[-1][1] + content["text"])
-                else:
-                    outputs.append((content["name"], content["text"]))
-            elif kind in ("execute_result", "display_data"):
-                outputs.append((kind, content["data"].get("text/plain") if kind == "execute_result"
-                                else sorted(content["data"])))
-            elif kind == "error":
-                outputs.append(("error", content["ename"], content["evalue"], content["traceback"]))
-
-        reply = self.client.execute_interactive(code, output_hook=keep, timeout=timeout)
-        return reply["content"]["status"], outputs
-
-    def close(self):
-        self.client.stop_channels()
-        self.km.shutdown_kernel(now=True)
-        import shutil
-        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 @pytest.fixture
