@@ -29,6 +29,7 @@ implementation and the lesson's diagrams use it.
 from __future__ import annotations
 
 import pickle
+import threading
 
 import torch
 import torch.distributed as dist
@@ -37,8 +38,10 @@ from ..runtime import check_int, group_info
 
 __all__ = ["ring_schedule", "ring_all_reduce", "naive_all_reduce"]
 
-#: default segment size for pipelining the ring (bytes); a chunk is sent in pieces of this size
-DEFAULT_SEGMENT_BYTES = 1 << 20
+#: default segment size for pipelining the ring (bytes); a chunk is sent in pieces of this size. Each
+#: piece is a message with a fixed cost; over gloo on CPUs 4 MB measured fastest (1 MB: 0.78-0.88x
+#: gloo's speed at 16 MB per rank, 4 MB: 0.98-1.05x, benchmarks/all_reduce.py), as in chapter 08's ring
+DEFAULT_SEGMENT_BYTES = 4 << 20
 
 
 def ring_schedule(rank: int, world_size: int) -> list[tuple[str, int, int, int]]:
@@ -98,6 +101,13 @@ def _same_on_every_rank(what: str, mine, group, describe=str, *, point_to_point=
     global_rank, batched, device)`` to exchange with send/recv only (for :func:`ring_all_reduce`,
     which uses no collective); otherwise ``dist.all_gather_object``.
     """
+    # First a fixed-size digest of ``mine``, one small round: on the common path (all the same) that is
+    # all, where the full values take two rounds and pickling (a ring all-reduce of 16 MB spent a
+    # third of its time here). Only when a digest differs do the ranks swap the values, to say which.
+    if (point_to_point[1] if point_to_point else dist.get_world_size(group)) == 1:
+        return
+    if _digests_agree(mine, group, point_to_point):
+        return
     if point_to_point is None:
         everyone = [None] * dist.get_world_size(group)
         dist.all_gather_object(everyone, mine, group=group)
@@ -109,6 +119,32 @@ def _same_on_every_rank(what: str, mine, group, describe=str, *, point_to_point=
             what, everyone = f"{what} (entry {i})", [v[i] if i < len(v) else "nothing" for v in everyone]
         listed = ", ".join(f"rank {r}: {describe(v)}" for r, v in enumerate(everyone))
         raise ValueError(f"{what} must be the same on every rank, got {listed}")
+
+
+def _digest(obj) -> list[int]:
+    """128 bits of BLAKE2b over ``repr(obj)`` (shapes, dtype names, flags: a repr that is the same in
+    every process, unlike ``hash`` of a string), as two signed 64-bit integers."""
+    import hashlib
+
+    raw = hashlib.blake2b(repr(obj).encode(), digest_size=16).digest()
+    return [int.from_bytes(raw[:8], "little", signed=True), int.from_bytes(raw[8:], "little", signed=True)]
+
+
+def _digests_agree(obj, group, point_to_point) -> bool:
+    """Whether every rank's ``obj`` has this rank's digest (the same answer on every rank: each sees
+    all the digests)."""
+    if point_to_point is None:
+        device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
+                  else torch.device("cpu"))
+        mine = torch.tensor(_digest(obj), dtype=torch.int64, device=device)
+        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(everyone, mine, group=group)
+    else:
+        rank, p, global_rank, batched, device = point_to_point
+        mine = torch.tensor(_digest(obj), dtype=torch.int64, device=device)
+        everyone = [mine if r == rank else torch.empty_like(mine) for r in range(p)]
+        _send_mine_receive_theirs(everyone, group, rank, global_rank, batched)
+    return bool(torch.equal(torch.stack(everyone), mine.expand(len(everyone), -1)))
 
 
 def _objects_by_point_to_point(obj, group, rank, p, global_rank, batched, device) -> list:
@@ -131,9 +167,9 @@ def _send_mine_receive_theirs(bufs, group, rank, global_rank, batched) -> None:
         ops = [dist.P2POp(dist.isend, bufs[rank], global_rank(q), group) for q in peers]
         ops += [dist.P2POp(dist.irecv, bufs[q], global_rank(q), group) for q in peers]
         works = dist.batch_isend_irecv(ops)
-    else:
-        works = [dist.isend(bufs[rank], global_rank(q), group=group) for q in peers]
-        works += [dist.irecv(bufs[q], global_rank(q), group=group) for q in peers]
+    else:     # receives first: gloo sends only to a posted receive, so each posted one saves a round trip
+        works = [dist.irecv(bufs[q], global_rank(q), group=group) for q in peers]
+        works += [dist.isend(bufs[rank], global_rank(q), group=group) for q in peers]
     for w in works:
         w.wait()
 
@@ -149,16 +185,33 @@ def _segments(chunk: torch.Tensor, segment_elems: int) -> list[torch.Tensor]:
     return [s for s in chunk.split(segment_elems) if s.numel() > 0]
 
 
+#: receive buffers kept between ring all-reduces, per thread, dtype and device; at most this many bytes
+_SCRATCH_LIMIT = 64 << 20
+_scratch_buffers = threading.local()
+
+
+def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``numel`` elements of scratch memory: the kept buffer when it is large enough (memory that was
+    touched before, so no page faults), else a new one — kept for next time below the limit."""
+    kept = _scratch_buffers.__dict__.setdefault("by_kind", {})   # this thread's: calls never share one
+    buf = kept.get((dtype, device))
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=dtype, device=device)
+        if numel * buf.element_size() <= _SCRATCH_LIMIT:
+            kept[(dtype, device)] = buf
+    return buf[:numel]
+
+
 def ring_all_reduce(tensor: torch.Tensor, group=None, *,
-                    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                    segment_bytes: int = DEFAULT_SEGMENT_BYTES, check_shapes: bool = True,
                     _batched: bool | None = None) -> torch.Tensor:
     """Sum ``tensor`` over all ranks of ``group``, in place, with a pipelined ring of send/recv.
 
     Same result as ``dist.all_reduce(tensor)`` (up to floating-point rounding order), built only
     from ``dist.isend``/``dist.irecv``: a reduce-scatter and an all-gather around the ring, see
     :func:`ring_schedule`. Every rank must call it with a tensor of the same shape and dtype (the
-    ranks compare them first, with two small rounds of send/recv, and all raise ``ValueError``
-    if they differ).
+    ranks compare them first, with one small round of send/recv, and all raise ``ValueError`` if
+    they differ; ``dist.all_reduce`` does not check, and gloo aborts the process on a mismatch).
 
     Two transports for the same plan:
 
@@ -176,7 +229,11 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
         group: the process group (default: the default group). Ranks are the group's ranks.
         segment_bytes: chunks are sent in segments of this many bytes, so that sending one segment
             overlaps with adding the previous one. ``segment_bytes >= chunk size`` turns the
-            pipelining off (a plain ring).
+            pipelining off (a plain ring). Every segment is a message with a fixed cost: the
+            default, 4 MB, is what measured fastest over gloo on CPUs (lesson 04 measures the trade).
+        check_shapes: compare every rank's shape and dtype first (one small message to every other
+            rank, a round trip's latency). ``False`` skips it, as ``dist.all_reduce`` does: only for
+            calls known to agree (a timing against ``dist.all_reduce`` compares like with like).
 
     Returns:
         ``tensor``, now holding the sum over the group.
@@ -202,10 +259,11 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
     if p == 1:
         return tensor
     batched = dist.get_backend(group) != "gloo" if _batched is None else _batched
-    _same_on_every_rank("ring_all_reduce: the tensor's shape and dtype",
-                        (tuple(tensor.shape), str(tensor.dtype)), group,
-                        lambda v: f"{v[0]} {v[1].replace('torch.', '')}",
-                        point_to_point=(rank, p, global_rank, batched, tensor.device))
+    if check_shapes:
+        _same_on_every_rank("ring_all_reduce: the tensor's shape and dtype",
+                            (tuple(tensor.shape), str(tensor.dtype)), group,
+                            lambda v: f"{v[0]} {v[1].replace('torch.', '')}",
+                            point_to_point=(rank, p, global_rank, batched, tensor.device))
     if tensor.numel() == 0:
         return tensor
     contiguous = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -221,9 +279,11 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
     def tag(step: int, k: int) -> int:                      # one message id per (step, segment)
         return step * per_step + k
 
-    # reduce-scatter receive buffers: two sets (step s uses set s % 2), sized for the largest chunk
-    # (chunk 0: tensor_split puts the extra elements first)
-    bufs = [[torch.empty_like(s) for s in segs[0]] for _ in range(2)]
+    # reduce-scatter receive buffers: two sets (step s uses set s % 2; one at 2 ranks), sized for the
+    # largest chunk (chunk 0: tensor_split puts the extra elements first). Kept between calls: fresh
+    # memory costs a page fault per 4 KB on its first touch, ~2 ms of a 16 MB all-reduce.
+    scratch = _scratch(min(2, p - 1) * chunks[0].numel(), work.dtype, work.device)
+    bufs = [_segments(half, seg_elems) for half in scratch.split(chunks[0].numel())]
 
     def exchange(step: int, k: int):
         """Post segment k of this step's send *and* receive as one batch; return the receive's work.

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import ring_schedule
+from ..distributed.collectives import _same_on_every_rank  # noqa: F401 - zero.py and fsdp.py import it from here
 from ..runtime import group_info, validate
 
 __all__ = ["all_gather", "reduce_scatter", "shard_size"]
@@ -96,18 +97,6 @@ def _reduce_scatter_flat(buf: torch.Tensor, group=None) -> torch.Tensor:
 def _all_gather_flat(buf: torch.Tensor, group=None) -> torch.Tensor:
     """In place on a padded flat buffer whose chunk ``rank`` is this rank's shard."""
     return _ring_phase(buf, group, "all-gather")
-
-
-def _same_on_every_rank(name: str, value, group) -> None:
-    """Raise the same ``ValueError`` on every rank when ``value`` differs between ranks."""
-    _, p, _ = group_info(group)
-    if p == 1:
-        return
-    values = [None] * p
-    dist.all_gather_object(values, value, group=group)
-    if any(v != values[0] for v in values):
-        listed = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
-        raise ValueError(f"{name} must be the same on every rank, got {listed}")
 
 
 def _check_input(name: str, tensor) -> None:

@@ -232,6 +232,8 @@ def test_all_reduce_timings_returns_checked_timings():
     assert all(len(x.times) == 2 and x.median > 0 for x in t.values())
     with pytest.raises(ValueError, match="subset"):
         gc.all_reduce_timings(2, implementations=("nccl",))
+    floor = gc.all_reduce_timings(3, 1001, rounds=2, implementations=("messages",))["messages"]
+    assert floor.name == "the ring's messages only" and len(floor.times) == 2 and floor.median > 0
 
 
 def _mismatched_ring(rank, world_size, how):
@@ -267,3 +269,51 @@ def _same_shape_after_check(rank, world_size):
 
 def test_the_shape_check_keeps_matching_calls_working():
     assert gc.launch(_same_shape_after_check, 3) == [True] * 3
+
+
+def _agreeing_ranks_send_only_a_digest(rank, world_size, p2p):
+    """Ranks that agree settle it with one round of a 2-element digest: the full values (pickled, two
+    rounds) are never swapped. Counted on the wire: every message this rank sends."""
+    from gpucourse.distributed import collectives as C
+
+    def refuse(*a, **k):
+        raise AssertionError("the full values were swapped although every rank agreed")
+
+    C._objects_by_point_to_point = refuse
+    dist.all_gather_object = refuse
+    sent = []
+    isend, all_gather = dist.isend, dist.all_gather
+    dist.isend = lambda t, *a, **k: (sent.append(t.numel()), isend(t, *a, **k))[1]
+    dist.all_gather = lambda out, t, *a, **k: (sent.append(t.numel()), all_gather(out, t, *a, **k))[1]
+    t = torch.randn(6, 5, generator=torch.Generator().manual_seed(rank)).t()     # non-contiguous
+    ref = t.clone()
+    dist.all_reduce(ref)
+    if p2p:
+        gc.ring_all_reduce(t)
+        checked = sent[:world_size - 1]
+    else:
+        t = gc.all_gather(t.contiguous())
+        checked = sent[:1]
+    return checked, (torch.allclose(t, ref) if p2p else t.shape[0] == 5 * world_size)
+
+
+@pytest.mark.parametrize("p2p", [True, False], ids=["ring_all_reduce", "sharding.all_gather"])
+def test_agreeing_ranks_check_their_shapes_with_one_small_digest(p2p):
+    out = gc.launch(_agreeing_ranks_send_only_a_digest, 3, args=(p2p,), timeout=60)
+    for checked, right in out:
+        assert right and checked == [2] * len(checked), out
+
+
+def _first_messages(rank, world_size, check_shapes):
+    sent = []
+    isend = dist.isend
+    dist.isend = lambda t, *a, **k: (sent.append(t.numel()), isend(t, *a, **k))[1]
+    t = torch.arange(12.0) * (rank + 1)
+    gc.ring_all_reduce(t, check_shapes=check_shapes)
+    return sent[0], t.tolist()
+
+
+def test_check_shapes_false_sends_the_data_first_and_sums_the_same():
+    checked, unchecked = (gc.launch(_first_messages, 3, args=(c,), timeout=60) for c in (True, False))
+    assert [m for m, _ in checked] == [2] * 3 and [m for m, _ in unchecked] == [4] * 3    # digest vs a chunk
+    assert [s for _, s in checked] == [s for _, s in unchecked] == [(torch.arange(12.0) * 6).tolist()] * 3
