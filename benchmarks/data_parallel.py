@@ -5,7 +5,8 @@ the whole batch in one thread (``torch.set_num_threads(1)``); ``gc.DataParallel`
 on two virtual devices — two worker threads with one intra-op thread each — so the comparison is
 1 core vs 2 cores. Both compute the same gradients (checked below).
 
-    python benchmarks/data_parallel.py     # target: >= 1.5x for the small conv net on 2 cores
+    python benchmarks/data_parallel.py     # targets: >= 1.5x for the small conv net on 2 cores, and
+                                           # >= 90% of the bare threads' speed measured beside it
 
 The exit status is non-zero when the target is NOT MET (after everything is printed).
 
@@ -36,6 +37,7 @@ from gpucourse.runtime.timing import Timing
 
 BATCH = 64
 TARGET = 1.5
+CEILING_SHARE = 0.90      # DataParallel's speed as a share of the bare threads' (the same run's ceiling)
 
 
 def interleaved(fns: dict, rounds: int, repeats: int) -> dict:
@@ -85,7 +87,7 @@ def report(label, timings, diff, timeline):
         spans = [e - s for _, lab, s, e in timeline.spans if lab == name]
         print(f"  {name}: both devices busy together {timeline.overlap(name) * 1e3:.2f} ms "
               f"of {sum(spans) / len(spans) * 1e3:.2f} ms per device")
-    return gc.speedup(single, parallel)
+    return gc.speedup(single, parallel), gc.speedup(bare, parallel)
 
 
 def main() -> int:
@@ -96,12 +98,14 @@ def main() -> int:
     x = torch.randn(BATCH, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (BATCH,), generator=g)
 
-    ratio = report("gc.SmallConvNet",
-                   *compare("gc.SmallConvNet", gc.SmallConvNet, x, y, devices, rounds=5, repeats=6))
-    print(f"small conv net: DataParallel on 2 virtual devices is {ratio:.2f}x one thread "
-          f"(target >= {TARGET}x): {'MET' if ratio >= TARGET else 'NOT MET'}\n")
+    ratio, share = report("gc.SmallConvNet",
+                          *compare("gc.SmallConvNet", gc.SmallConvNet, x, y, devices, rounds=5, repeats=6))
+    met = ratio >= TARGET and share >= CEILING_SHARE
+    print(f"small conv net: DataParallel on 2 virtual devices is {ratio:.2f}x one thread (target >= {TARGET}x), "
+          f"{share:.0%} of the bare-thread ceiling measured beside it (target >= {CEILING_SHARE:.0%}): "
+          f"{'MET' if met else 'NOT MET'}\n")
 
-    net_ratio = report("gc.Net", *compare("gc.Net", gc.Net, x, y, devices, rounds=5, repeats=8))
+    net_ratio, _ = report("gc.Net", *compare("gc.Net", gc.Net, x, y, devices, rounds=5, repeats=8))
     print(f"the seeds' gc.Net: {net_ratio:.2f}x (for reference; the bare-threads row is this model's ceiling)\n")
 
     xt = torch.randn(BATCH, 10, generator=g)
@@ -115,7 +119,7 @@ def main() -> int:
           f"save at most {t_single.median / 2 * 1e6:.0f} µs, but DataParallel adds about {overhead * 1e6:.0f} µs "
           "per step: replicating the model, two hand-offs to the device threads in forward and two in "
           "backward, and Python glue that holds the GIL.")
-    return 0 if ratio >= TARGET else 1            # non-zero exit: the target is NOT MET
+    return 0 if met else 1                        # non-zero exit: a target is NOT MET
 
 
 if __name__ == "__main__":
