@@ -21,6 +21,7 @@ from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units
 from .exiting import run_main
 from .devices import cpu_cores, default_backend, virtual_devices, visible_devices
 from .groups import group_info
+from .agreement import same_on_every_rank
 from .launcher import WorkerError, free_port, launch
 from .live_ranks import LiveRanks, RankError, RankTimeout, ranks, start_ranks
 from .ports import listen_on
@@ -29,7 +30,7 @@ from .timing import Timing, format_comparison, measure, speedup
 from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
 
 __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cores", "default_backend",
-           "virtual_devices", "visible_devices", "WorkerError", "free_port", "group_info", "launch",
+           "virtual_devices", "visible_devices", "WorkerError", "free_port", "group_info", "same_on_every_rank", "launch",
            "LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks",
            "listen_on", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
            "measure", "speedup", "check_choice", "check_int", "check_number", "check_positive",

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import ring_schedule
-from ..distributed.collectives import _same_on_every_rank  # noqa: F401 - zero.py and fsdp.py import it from here
 from ..runtime import group_info, validate
+from ..runtime import same_on_every_rank as _same_on_every_rank   # zero.py and fsdp.py import it from here
 
 __all__ = ["all_gather", "reduce_scatter", "shard_size"]
 

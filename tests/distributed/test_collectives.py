@@ -274,12 +274,12 @@ def test_the_shape_check_keeps_matching_calls_working():
 def _agreeing_ranks_send_only_a_digest(rank, world_size, p2p):
     """Ranks that agree settle it with one round of a 2-element digest: the full values (pickled, two
     rounds) are never swapped. Counted on the wire: every message this rank sends."""
-    from gpucourse.distributed import collectives as C
+    from gpucourse.runtime import agreement
 
     def refuse(*a, **k):
         raise AssertionError("the full values were swapped although every rank agreed")
 
-    C._objects_by_point_to_point = refuse
+    agreement._objects_by_point_to_point = refuse
     dist.all_gather_object = refuse
     sent = []
     isend, all_gather = dist.isend, dist.all_gather
