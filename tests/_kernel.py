@@ -5,6 +5,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
+
 import gpucourse as gc
 
 REPO = Path(gc.__file__).resolve().parents[1]     # the kernel imports the same gpucourse as this test
@@ -62,3 +64,13 @@ class Kernel:
         self.km.shutdown_kernel(now=True)
         import shutil
         shutil.rmtree(self.sockets, ignore_errors=True)
+
+
+@pytest.fixture
+def kernel(tmp_path):
+    """A :class:`Kernel` in ``tmp_path``, shut down afterwards (closing twice is a no-op)."""
+    k = Kernel(tmp_path)
+    try:
+        yield k
+    finally:
+        k.close()

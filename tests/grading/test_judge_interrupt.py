@@ -8,19 +8,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from _kernel import Kernel
+from _kernel import kernel  # noqa: F401 - the fixture
 from _processes import alive, children_of, wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture
-def kernel(tmp_path):
-    k = Kernel(tmp_path)
-    try:
-        yield k
-    finally:
-        k.close()                   # again: a no-op where the test closed it
 
 
 def _cells(*starts: str) -> list[str]:

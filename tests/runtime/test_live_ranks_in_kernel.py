@@ -10,21 +10,13 @@ import textwrap
 
 import nbformat
 import pytest
-from _kernel import REPO, Kernel
+from _kernel import REPO, kernel  # noqa: F401 - the fixture
 from _processes import alive, children_of, comm, listeners_of, parent_of, wait_gone
 from nbformat.v4 import new_code_cell, new_notebook
 
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
 
-
-@pytest.fixture
-def kernel(tmp_path):
-    k = Kernel(tmp_path)
-    try:
-        yield k
-    finally:
-        k.close()
 
 
 def test_ranks_magic_in_a_kernel(kernel):
