@@ -59,6 +59,7 @@ def _refuse_optimizer_of_the_unwrapped_model(optimizer, args, kwargs) -> None:
     """A global optimizer step pre-hook: an optimizer built from the model's parameters *before*
     :class:`FullyShardedModule` wrapped it holds tensors no layer uses any more — their ``.grad``
     stays None and ``step()`` trains nothing, silently. Refuse, saying the fix."""
+    _refuse_groups_picked_by_name(optimizer)
     names = [getattr(p, _SHARDED_AWAY) for group in optimizer.param_groups for p in group["params"]
              if getattr(p, _SHARDED_AWAY, None) is not None]
     if names:
@@ -68,6 +69,27 @@ def _refuse_optimizer_of_the_unwrapped_model(optimizer, args, kwargs) -> None:
             f"({shown}): it was built before the model was wrapped, so it would train nothing. Build the "
             f"optimizer after wrapping, from the wrapped model: sharded = gc.FullyShardedModule(model); "
             f"opt = torch.optim.AdamW(sharded.parameters(), ...)")
+
+
+def _refuse_groups_picked_by_name(optimizer) -> None:
+    """An empty parameter group beside one holding shards: the groups were picked by parameter name
+    (``"bias" in name``) or by a test no shard passes, and matched nothing — ``named_parameters()``
+    of a :class:`FullyShardedModule` names its flat shards ``shards.0``, ``shards.1``, … — so the
+    other group's settings (its weight decay) would silently apply to every parameter."""
+    groups = optimizer.param_groups
+    holding = [i for i, g in enumerate(groups) if any(isinstance(p, _FlatShard) for p in g["params"])]
+    empty = [i for i, g in enumerate(groups) if not g["params"]]
+    if holding and empty:
+        i, j = empty[0], holding[0]
+        settings = {k: v for k, v in groups[j].items() if k != "params" and v != groups[i].get(k)}
+        shown = ", ".join(f"{k}={v}" for k, v in list(settings.items())[:3]) or "its settings"
+        raise RuntimeError(
+            f"{type(optimizer).__name__}: parameter group {i} is empty, while group {j} holds gc.FullyShardedModule's "
+            f"shards — groups picked by parameter name (\"bias\" in name) match nothing here, because "
+            f"named_parameters() names the flat shards shards.0, shards.1, … (each holds a whole unit's "
+            f"parameters), so group {j}'s {shown} would apply to every parameter. Put all of "
+            "model.parameters() in one group, or choose groups per unit (model.shards[i]); FSDP2's "
+            "fully_shard keeps each parameter's name and shape and can split them.")
 
 
 def _install_hook() -> None:
@@ -554,7 +576,10 @@ class FullyShardedModule(nn.Module):
         per unit, so parameter groups can separate units but not the parameters inside one
         (no weight decay on a Linear's bias alone); FSDP2 shards each parameter and can. So that
         the usual ``p.dim() >= 2`` grouping does not silently decay nothing, a shard's ``dim()``
-        and ``ndim`` raise (its ``shape`` is ``(S,)``: grouping by ``len(p.shape)`` is not caught).
+        and ``ndim`` raise (its ``shape`` is ``(S,)``: grouping by ``len(p.shape)`` is not caught);
+        ``named_parameters()`` names the shards ``shards.0``, ``shards.1``, …, so a grouping by name
+        (``n.endswith("bias")``) leaves a group empty, and ``step()`` refuses an empty group beside
+        the shards.
     """
 
     def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None,

@@ -508,3 +508,35 @@ def test_grad_scaler_skips_the_same_steps_as_ddp():
     for state, scales in gc.launch(_scaled, 2, args=("ours",), timeout=60):
         assert scales == ddp[1]
         assert all(torch.equal(state[k], v) for k, v in ddp[0].items())
+
+
+def groups_by_name(model):
+    """The other usual grouping: no weight decay on biases, picked by name."""
+    named = list(model.named_parameters())
+    return [{"params": [p for n, p in named if not n.endswith("bias")], "weight_decay": 0.1},
+            {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
+
+
+def _grouped_by_name(rank, world_size, way):
+    model = make_model()
+    model = _fsdp2(model) if way == "fsdp2" else gc.FullyShardedModule(model)
+    opt = torch.optim.AdamW(groups_by_name(model), lr=0.01)
+    try:
+        for step in range(STEPS):
+            x, y = batch(step, rank, world_size)
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    except RuntimeError as e:
+        return str(e)
+    return _full(model), [len(g["params"]) for g in opt.param_groups]
+
+
+def test_weight_decay_groups_by_name_fail_loudly_instead_of_decaying_the_biases():
+    """FSDP2 keeps each parameter's name, so ``n.endswith("bias")`` picks the biases; the flat shards'
+    names (shards.0, …) match nothing, and the biases were silently decayed with the matrices."""
+    theirs, sizes = gc.launch(_grouped_by_name, 2, args=("fsdp2",), timeout=120)[0]
+    assert sizes == [3, 3]                                    # FSDP2: three matrices, three biases
+    for msg in gc.launch(_grouped_by_name, 2, args=("ours",), timeout=120):
+        assert isinstance(msg, str), "an empty no-decay group beside the shards was not refused"
+        assert "parameter group 1 is empty" in msg and "weight_decay=0.1" in msg and "shards.0" in msg, msg
