@@ -74,13 +74,14 @@ lab: $(STAMP)
 
 test: test-package test-notebooks
 
-# pytest over gpucourse/ (unit tests, doctests) and tests/ (launcher, exercise pipeline, packaging)
+# pytest over gpucourse/ (unit tests, doctests) and tests/ (launcher, exercise pipeline, packaging);
+# the slowest tests are listed at the end (the 15-minute budget: see where the time goes)
 test-package: $(STAMP)
-	$(RUN_TMP) $(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -q
+	$(RUN_TMP) $(TEST_ENV) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope -q --durations=30
 
 # nbval over every lesson and every solutions notebook
 test-notebooks: $(STAMP)
-	$(RUN_TMP) $(TEST_ENV) $(PY) -m pytest -p no:python -n $(TEST_WORKERS) --dist loadscope -q $(NBVAL) notebooks solutions
+	$(RUN_TMP) $(TEST_ENV) $(PY) -m pytest -p no:python -n $(TEST_WORKERS) --dist loadscope -q --durations=15 $(NBVAL) notebooks solutions
 
 # the course as a learner sees it: JupyterLab on a temporary copy of the course, driven in the
 # system's Chromium (apt-get install chromium) by playwright (the "ui" extra, installed here; no
