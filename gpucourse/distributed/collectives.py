@@ -238,8 +238,8 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
                 targets = segs[recv_chunk]
             return [dist.irecv(t, left, group=group, tag=tag(step, k)) for k, t in enumerate(targets)]
 
+        pending = post_receives(0)          # first: gloo sends only to a posted receive
         sends = [dist.isend(s, right, group=group, tag=tag(0, k)) for k, s in enumerate(segs[plan[0][2]])]
-        pending = post_receives(0)
         for step in range(steps):
             arriving = pending
             if step + 1 < steps:
