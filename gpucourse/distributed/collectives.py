@@ -35,8 +35,6 @@ import torch.distributed as dist
 
 from ..runtime import check_int, group_info, same_on_every_rank
 
-_same_on_every_rank = same_on_every_rank     # ddp.py and sync_batchnorm.py import it from here
-
 __all__ = ["ring_schedule", "ring_all_reduce", "naive_all_reduce"]
 
 #: default segment size for pipelining the ring (bytes); a chunk is sent in pieces of this size. Each
@@ -179,7 +177,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
         return tensor
     batched = dist.get_backend(group) != "gloo" if _batched is None else _batched
     if check_shapes:
-        _same_on_every_rank("ring_all_reduce: the tensor's shape and dtype",
+        same_on_every_rank("ring_all_reduce: the tensor's shape and dtype",
                             (tuple(tensor.shape), str(tensor.dtype)), group,
                             lambda v: f"{v[0]} {v[1].replace('torch.', '')}",
                             point_to_point=(rank, p, global_rank, batched, tensor.device))

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from .collectives import _same_on_every_rank
+from ..runtime import same_on_every_rank
 from .ddp_trace import StepTrace
 
 __all__ = ["MiniDDP", "average_gradients"]
@@ -314,7 +314,7 @@ class MiniDDP(nn.Module):
         if init_sync:
             # 0) the same model everywhere (torch's DDP checks it too): tensors whose shapes differ
             #    between ranks would make the broadcasts below wait forever
-            _same_on_every_rank("MiniDDP: the model's parameters and buffers (name, shape)",
+            same_on_every_rank("MiniDDP: the model's parameters and buffers (name, shape)",
                                 [(n, tuple(t.shape)) for n, t in [*module.named_parameters(),
                                                                   *module.named_buffers()]],
                                 process_group)

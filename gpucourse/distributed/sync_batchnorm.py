@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .collectives import _same_on_every_rank
+from ..runtime import same_on_every_rank
 
 __all__ = ["sync_batch_stats"]
 
@@ -58,7 +58,7 @@ def sync_batch_stats(x: torch.Tensor, group=None) -> tuple[torch.Tensor, torch.T
     count = torch.tensor([x.numel() / x.shape[1]], dtype=torch.float64, device=x.device)
     stats = torch.cat([count, xd.sum(dims), (xd * xd).sum(dims)])   # (1 + 2C,): n, Σx, Σx²
     if dist.is_available() and dist.is_initialized():
-        _same_on_every_rank("sync_batch_stats: the number of channels x.shape[1]", x.shape[1], group)
+        same_on_every_rank("sync_batch_stats: the number of channels x.shape[1]", x.shape[1], group)
         dist.all_reduce(stats, group=group)
     c = x.shape[1]
     n, total, total_sq = stats[0], stats[1: 1 + c], stats[1 + c:]

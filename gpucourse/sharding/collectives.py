@@ -27,8 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import ring_schedule
-from ..runtime import group_info, validate
-from ..runtime import same_on_every_rank as _same_on_every_rank   # zero.py and fsdp.py import it from here
+from ..runtime import group_info, same_on_every_rank, validate
 
 __all__ = ["all_gather", "reduce_scatter", "shard_size"]
 
@@ -139,7 +138,7 @@ def reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """
     _check_input("tensor", tensor)
     _, p, _ = group_info(group)
-    _same_on_every_rank("tensor shape and dtype", (tuple(tensor.shape), str(tensor.dtype)), group)
+    same_on_every_rank("tensor shape and dtype", (tuple(tensor.shape), str(tensor.dtype)), group)
     n, s = tensor.numel(), shard_size(tensor.numel(), p)
     buf = torch.zeros(p * s, dtype=tensor.dtype, device=tensor.device)   # (p·S,) padded copy
     buf[:n] = tensor.reshape(-1)
@@ -174,7 +173,7 @@ def all_gather(shard: torch.Tensor, group=None) -> torch.Tensor:
     """
     _check_input("shard", shard)
     rank, p, _ = group_info(group)
-    _same_on_every_rank("shard shape and dtype", (tuple(shard.shape), str(shard.dtype)), group)
+    same_on_every_rank("shard shape and dtype", (tuple(shard.shape), str(shard.dtype)), group)
     piece = shard.reshape(1) if shard.dim() == 0 else shard
     out = torch.empty((p * piece.shape[0], *piece.shape[1:]), dtype=shard.dtype, device=shard.device)
     out.view(p, -1)[rank].copy_(piece.reshape(-1))

@@ -45,8 +45,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime import group_info, validate
-from .collectives import _all_gather_flat, _reduce_scatter_flat, _same_on_every_rank, shard_size
+from ..runtime import group_info, same_on_every_rank, validate
+from .collectives import _all_gather_flat, _reduce_scatter_flat, shard_size
 
 __all__ = ["FullyShardedModule"]
 
@@ -620,7 +620,7 @@ class FullyShardedModule(nn.Module):
                                  f"modules hold), which are read outside their unit's forward: {missing}; "
                                  f"add {sorted(missing)}")
         rank, world_size, global_rank = group_info(group)
-        _same_on_every_rank("the parameters' names, shapes and requires_grad and the units",
+        same_on_every_rank("the parameters' names, shapes and requires_grad and the units",
                             ([(n, tuple(p.shape), p.requires_grad) for n, p in module.named_parameters()],
                              [path for path, _, _ in owners]), group)
         self.module, self.group = module, group

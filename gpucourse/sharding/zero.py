@@ -43,9 +43,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime import group_info, validate
+from ..runtime import group_info, same_on_every_rank, validate
 from . import zero_bookkeeping as books
-from .collectives import _all_gather_flat, _reduce_scatter_flat, _same_on_every_rank, shard_size
+from .collectives import _all_gather_flat, _reduce_scatter_flat, shard_size
 
 __all__ = ["ZeroOptimizer", "shard_ranges"]
 
@@ -196,7 +196,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         first = books.check_trainable(groups)[0]
         # every rank must describe the same model, or the shards would not line up (no hang: a
         # small all-gather of the shapes first, then the same ValueError on every rank)
-        _same_on_every_rank("the parameters' shapes", [[(tuple(p.shape), p.requires_grad) for p in g["params"]]
+        same_on_every_rank("the parameters' shapes", [[(tuple(p.shape), p.requires_grad) for p in g["params"]]
                                                        for g in groups], self.group)
 
         # the flat buffer: (N·S,) — every trainable parameter a view into it, group after group
