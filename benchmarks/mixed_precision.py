@@ -108,8 +108,8 @@ def main():
 
     if torch.cuda.is_available():
         dtypes = (None, torch.float16) + ((torch.bfloat16,) if torch.cuda.is_bf16_supported() else ())
-        print(f"\n== CUDA ({torch.cuda.get_device_name()}): MLP 1024 -> 4096 -> 1024, batch 512")
-        report(gc.compare_precisions(lambda: gc.MLP(1024, 4096, 1024), 512, 1024, device="cuda",
+        print(f"\n== CUDA ({torch.cuda.get_device_name()}): MLP {d_in} -> {hidden} -> {d_out}, batch {batch}")
+        report(gc.compare_precisions(lambda: gc.MLP(d_in, hidden, d_out), batch, d_in, device="cuda",
                                      dtypes=dtypes, repeats=30, name="MLP"))
 
     met = share >= CEILING_SHARE
