@@ -6,12 +6,17 @@ Without CUDA it says so in one line and exits 0. With CUDA it runs, under ONE ov
 (default 9 minutes; every subprocess gets the time that is left as its timeout, and is killed, with
 everything it started, at the end — nothing outlives this script):
 
-1. the tests marked ``cuda`` and ``multigpu`` (pytest, pytest-timeout). With one GPU the
-   ``multigpu`` ones are skipped by tests/conftest.py, and the report lists each with its reason;
+1. the tests marked ``cuda`` and ``multigpu`` (pytest, pytest-timeout), while the lessons run.
+   With one GPU the ``multigpu`` ones are skipped by tests/conftest.py, and the report lists each
+   with its reason;
 2. every lesson notebook ``notebooks/NN_*.ipynb``, top to bottom in a fresh kernel (nbclient,
    kernel ``python3``), unchanged: the learner's default device choice. Several run at once: as
    many as the GPU's free memory / ``--notebook-gib`` allows, at most the CPU count / 2;
-3. the benchmarks with a GPU side (the files of benchmarks/ that mention cuda).
+3. the benchmarks with a GPU side (the files of benchmarks/ that mention cuda), first, alone.
+
+``--parts`` and ``--chapters`` narrow it down for a second, shorter call: ``--parts notebooks
+--chapters 04,08`` re-checks two lessons. A failed lesson's report row carries the last lines of
+its error (a rank's traceback included).
 
 It writes one report, ``gpu_check_report.json`` and ``.md``, in ``--out`` (default: ``$OUT`` when
 set, else the current folder): per chapter ran / failed (first error line) / skipped (why), seconds;
@@ -357,15 +362,20 @@ def run_one_notebook(path: Path, seconds: float, result: Path) -> None:
             record.update(status="failed", cell=cell_at.get("index"),
                           detail=f"the kernel died: {str(e).splitlines()[0] if str(e) else ''}")
         except CellExecutionError as e:
-            record.update(status="failed", cell=cell_at.get("index"), detail=_line(e.ename, e.evalue))
+            # the error's last lines (a rank's traceback included) go into the report: one
+            # device call must be enough to see *why* a cell failed, not only that it did
+            text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
+            record.update(status="failed", cell=cell_at.get("index"), detail=_line(e.ename, e.evalue),
+                          output=text[-30:])
     except Exception as e:                       # nbclient missing, the kernel would not start, ...
         record.update(status="failed", detail=_line(type(e).__name__, str(e)))
     record["seconds"] = time.monotonic() - start
     result.write_text(json.dumps(record))
 
 
-def run_notebooks(root: Path, python: str, deadline: float, env: dict, workers: int) -> list[dict]:
-    notebooks = lesson_notebooks(root)
+def run_notebooks(root: Path, python: str, deadline: float, env: dict, workers: int,
+                  chapters: set[str] | None = None) -> list[dict]:
+    notebooks = [nb for nb in lesson_notebooks(root) if not chapters or chapter_of_path(nb.name) in chapters]
     rows: dict[Path, dict] = {}
     scratch = Path(tempfile.mkdtemp(prefix="gpu-check-nb-"))
 
@@ -387,7 +397,8 @@ def run_notebooks(root: Path, python: str, deadline: float, env: dict, workers: 
         except (OSError, ValueError):
             return item("notebook", nb.name, chapter, "failed", seconds,
                         f"the worker ended (exit {rc}) without a result: {first_error_line(out)}")
-        return item("notebook", nb.name, chapter, rec["status"], seconds, rec["detail"], cell=rec["cell"])
+        extra = {"output": rec["output"]} if rec.get("output") else {}
+        return item("notebook", nb.name, chapter, rec["status"], seconds, rec["detail"], cell=rec["cell"], **extra)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = {pool.submit(one, nb): nb for nb in notebooks}
@@ -524,21 +535,31 @@ def check(args) -> int:
                 items.append(item("import", mod, PART_CHAPTER.get(mod.split(".")[1], "package"), "failed",
                                   detail=error))
 
-    # 1) tests: at most a third of the time; 3) benchmarks: at most a quarter of what is left (the
-    # GPU part of mixed_precision.py comes after its CPU part); 2) notebooks: the rest
-    phase_end = min(deadline, time.monotonic() + (deadline - time.monotonic()) / 3)
-    print("gpu-check: 1) tests marked cuda/multigpu", flush=True)
-    items += run_tests(root, python, phase_end, env, n_gpu)
-    phase_end = min(deadline, time.monotonic() + (deadline - time.monotonic()) / 4)
-    print("gpu-check: 3) benchmarks with a GPU side", flush=True)
-    items += run_benchmarks(root, python, phase_end, env)
+    # 3) benchmarks first, alone on the machine (they time things): at most a quarter of the time
+    # (the GPU part of mixed_precision.py comes after its CPU part); then 1) the tests and 2) the
+    # lessons side by side (neither times anything), until the deadline
+    wanted = set(args.parts.split(","))
+    chapters = set(args.chapters.split(",")) if args.chapters else None
+    if "benchmarks" in wanted:
+        print("gpu-check: 3) benchmarks with a GPU side", flush=True)
+        items += run_benchmarks(root, python, min(deadline, time.monotonic() + (deadline - time.monotonic()) / 4),
+                                env)
+    background = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    tests = None
+    if "tests" in wanted:
+        print("gpu-check: 1) tests marked cuda/multigpu", flush=True)
+        tests = background.submit(run_tests, root, python, deadline, env, n_gpu)
 
     kernel = ensure_kernelspec(env, python)
     free = min(g["free_gib"] for g in machine["gpus"])
     workers = args.workers or max(1, min((os.cpu_count() or 2) // 2, int(free // args.notebook_gib)))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // workers)))
     print(f"gpu-check: 2) lessons, {workers} at once (kernel {kernel})", flush=True)
-    items += run_notebooks(root, python, deadline, env, workers)
+    if "notebooks" in wanted:
+        items += run_notebooks(root, python, deadline, env, workers, chapters)
+    if tests is not None:
+        items = tests.result() + items
+    background.shutdown()
 
     counts = {s: sum(it["status"] == s for it in items) for s in STATUS_ORDER}
     report = {"started": started, "time_limit_s": args.time_limit,
@@ -567,6 +588,11 @@ def main(argv=None) -> int:
                         help="GPU memory one lesson may need, to size the notebook pool (default 8 GiB)")
     parser.add_argument("--workers", type=int, default=0,
                         help="notebooks at once (default: from the GPU's free memory and the CPUs)")
+    parser.add_argument("--parts", default="tests,benchmarks,notebooks",
+                        help="what to run, comma-separated (default: tests,benchmarks,notebooks)")
+    parser.add_argument("--chapters", default="",
+                        help="only these lessons, e.g. 00,04,08 (default: every lesson) — to re-check "
+                             "what failed in a short second call")
     parser.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     parser.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     parser.add_argument("--pretend-cuda", type=int, default=0, help=argparse.SUPPRESS)
@@ -574,6 +600,9 @@ def main(argv=None) -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=60.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    unknown = set(args.parts.split(",")) - {"tests", "benchmarks", "notebooks"}
+    if unknown:
+        parser.error(f"--parts takes tests, benchmarks and notebooks, not {', '.join(sorted(unknown))}")
     if args.run_notebook:
         run_one_notebook(Path(args.run_notebook).resolve(), args.seconds, Path(args.result))
         return 0

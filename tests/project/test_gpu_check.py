@@ -90,6 +90,8 @@ def test_pretended_cuda_report(tmp_path):
     broken = items["02_broken.ipynb"]
     assert broken["status"] == "failed" and broken["chapter"] == "02"
     assert broken["detail"] == "ValueError: the lesson broke here" and broken["cell"] == 1
+    assert "second line" in "\n".join(broken["output"])       # the error's text, not just its first line
+    assert "the lesson broke here" in md.split("## 02_broken.ipynb")[1]
     new_api = items["03_new_api.ipynb"]
     assert new_api["status"] == "needs newer torch" and new_api["requirement"] == "needs torch >= 2.6"
     assert [n["name"] for n in report["needs_newer_torch"]] == ["03_new_api.ipynb"]
@@ -106,6 +108,21 @@ def test_pretended_cuda_report(tmp_path):
     assert items["gpu_bench.py"]["status"] == "ran" and items["gpu_bench.py"]["output"] == ["on cuda: 2.0x"]
     assert report["chapters"]["02"]["status"] == "failed" and report["chapters"]["01"]["status"] == "ran"
     assert "| 02 | failed |" in md and "test_two_gpus" in md and "needs torch >= 2.6" in md
+
+
+@pytest.mark.slow
+def test_a_second_call_can_re_check_only_the_lessons_that_failed(tmp_path):
+    root = tmp_path / "course"
+    root.mkdir()
+    _fake_course(root)
+    out = tmp_path / "out"
+    r = _run("--pretend-cuda", "1", "--root", str(root), "--out", str(out), "--workers", "2",
+             "--time-limit", "100", "--parts", "notebooks", "--chapters", "01,03")
+    assert r.returncode == 0, r.stdout + r.stderr         # 02 (broken) and the failing test not run
+    report = json.loads((out / "gpu_check_report.json").read_text())
+    assert [it["name"] for it in report["items"]] == ["01_ok.ipynb", "03_new_api.ipynb"]
+    bad = _run("--pretend-cuda", "1", "--root", str(root), "--out", str(out), "--parts", "lessons")
+    assert bad.returncode == 2 and "--parts takes tests, benchmarks and notebooks, not lessons" in bad.stderr
 
 
 def _alive(pid: int) -> bool:
