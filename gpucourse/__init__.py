@@ -25,7 +25,7 @@ _PARTS = {
     "runtime": """
         LiveRanks RankError RankTimeout WorkerError Timing bf16_hardware_note cpu_cores
         cpu_supports_bf16 default_backend format_comparison free_port has_bf16_units launch measure
-        print0 print_ordered rank_prefix ranks speedup start_ranks virtual_devices visible_devices""",
+        print0 print_ordered rank_device rank_prefix ranks speedup start_ranks virtual_devices visible_devices""",
     # --- data/: offline datasets and the course's small models -----------------------------------
     "data": """
         CIFAR10_CLASSES MLP CausalSelfAttention FeedForward Net SmallConvNet SyntheticCIFAR10 TinyGPT

@@ -132,7 +132,9 @@ def main(argv=None) -> int:
         if world_size != world:
             raise SystemExit(f"torchrun started {world_size} processes, but --pp x --dp x --tp = {world}")
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        on_gpu = torch.cuda.is_available()
+        # one GPU per process on this machine, else gloo on the CPU (gc.default_backend says why)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        on_gpu = gc.default_backend(local_world, say=rank == 0) == "nccl"
         device = f"cuda:{local_rank}" if on_gpu else "cpu"
         if on_gpu:
             torch.cuda.set_device(local_rank)

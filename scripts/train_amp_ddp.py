@@ -66,7 +66,9 @@ def main(argv=None):
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(gc.free_port()))
-    use_cuda = torch.cuda.is_available()
+    # one GPU per process on this machine, else gloo on the CPU (gc.default_backend says why)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    use_cuda = gc.default_backend(local_world, say=rank == 0) == "nccl"
     if use_cuda:
         torch.cuda.set_device(local_rank)      # before any CUDA work: this process owns one GPU
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")

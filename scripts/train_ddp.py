@@ -99,9 +99,14 @@ def setup_distributed(backend: str | None, timeout_s: float):
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > local_rank
+    # one GPU per process on this machine (every rank decides alike), else gloo on the CPU
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if backend is None:
-        backend = "nccl" if use_cuda else "gloo"
+        backend = gc.default_backend(local_world, say=rank == 0)
+    elif backend == "nccl" and gc.default_backend(local_world, say=False) != "nccl":
+        raise SystemExit(f"--backend nccl needs one CUDA GPU per process: LOCAL_WORLD_SIZE={local_world}, "
+                         f"{torch.cuda.device_count()} GPU(s) visible; leave --backend out to use gloo")
+    use_cuda = backend == "nccl"
     if use_cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)

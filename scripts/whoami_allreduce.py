@@ -39,7 +39,8 @@ def run(local_rank, args):
     env = gc.dist_env_from(local_rank=local_rank if spawned else None,
                            nproc_per_node=args.spawn if spawned else None)
     os.environ.update(env.to_environ())                      # what env:// reads
-    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > env.local_rank
+    # one GPU per process on this machine, else gloo on the CPU (gc.default_backend says why)
+    use_cuda = gc.default_backend(env.nproc_per_node, say=env.local_rank == 0) == "nccl"
     if use_cuda:
         torch.cuda.set_device(env.local_rank)                # one GPU per process
     dist.init_process_group("nccl" if use_cuda else "gloo",  # init_method="env://" is the default

@@ -8,7 +8,7 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 - ``live_ranks``  ``start_ranks(n)``, ``%%ranks``, ``gc.ranks``: ranks that stay up between notebook
   cells; its plumbing: ``live_group`` (the group seen from the kernel, ``RankError``/``RankTimeout``),
   ``live_rank_process`` (inside a rank, and the keeper that cleans up after them)
-- ``devices``   ``CUDA_VISIBLE_DEVICES`` remapping, CPU "virtual devices", ``default_backend()``
+- ``devices``   ``CUDA_VISIBLE_DEVICES`` remapping, CPU "virtual devices", ``default_backend()``, ``rank_device()``
 - ``timing``    warm-up, repeats, median and ratios to a baseline
 - ``printing``  rank-aware printing in rank order; ``in_kernel()``: are we in a notebook?
 - ``validate``  the one argument checker of the package (messages name the value and what is allowed)
@@ -19,7 +19,7 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 
 from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units
 from .exiting import run_main
-from .devices import cpu_cores, default_backend, virtual_devices, visible_devices
+from .devices import cpu_cores, default_backend, rank_device, virtual_devices, visible_devices
 from .groups import group_info
 from .agreement import same_on_every_rank
 from .launcher import WorkerError, free_port, launch
@@ -29,7 +29,7 @@ from .printing import in_kernel, print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
 from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
 
-__all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cores", "default_backend",
+__all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cores", "default_backend", "rank_device",
            "virtual_devices", "visible_devices", "WorkerError", "free_port", "group_info", "same_on_every_rank", "launch",
            "LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks",
            "listen_on", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",

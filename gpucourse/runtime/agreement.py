@@ -8,6 +8,8 @@ import pickle
 import torch
 import torch.distributed as dist
 
+from .devices import rank_device
+
 __all__ = ["same_on_every_rank"]
 
 
@@ -60,8 +62,7 @@ def _digests_agree(obj, group, point_to_point) -> bool:
     """Whether every rank's ``obj`` has this rank's digest (the same answer on every rank: each sees
     all the digests)."""
     if point_to_point is None:
-        device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl"
-                  else torch.device("cpu"))
+        device = rank_device(group)
         mine = torch.tensor(_digest(obj), dtype=torch.int64, device=device)
         everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
         dist.all_gather(everyone, mine, group=group)

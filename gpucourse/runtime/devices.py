@@ -18,7 +18,7 @@ import torch
 
 from .validate import check_int
 
-__all__ = ["visible_devices", "virtual_devices", "default_backend"]
+__all__ = ["visible_devices", "virtual_devices", "default_backend", "rank_device"]
 
 
 def visible_devices(spec: str | None) -> dict[int, int]:
@@ -115,13 +115,24 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
-def default_backend() -> str:
+_SAID: set = set()   # (nprocs, gpus) already explained in this process: once is enough
+
+
+def default_backend(nprocs: int | None = None, *, say: bool = True) -> str:
     """The ``torch.distributed`` backend a lesson should use on this machine.
 
     ``"nccl"`` when CUDA devices are visible *and* this PyTorch build has NCCL (the usual
     multi-GPU case), otherwise ``"gloo"`` (CPU tensors, or a build without NCCL such as
-    Windows or macOS). The course's launch cells pass ``backend=gc.default_backend()``, so the
+    Windows or macOS). The course's launch cells pass ``backend=gc.default_backend(n)``, so the
     same cell runs gloo on a laptop and NCCL on a GPU machine.
+
+    Args:
+        nprocs: the ranks this machine will run, one GPU each. NCCL needs a GPU per rank (ranks
+            that share one GPU make NCCL fail or hang), so with fewer GPUs than ``nprocs`` the
+            answer is ``"gloo"``, on the CPU — and, with ``say``, one printed line says why. Leave
+            it out to ask only "is this a GPU machine?".
+        say: print that line when a GPU machine falls back to gloo, once per process and number
+            of ranks (a script prints it on one rank only).
 
     Returns:
         ``"nccl"`` or ``"gloo"``.
@@ -131,17 +142,50 @@ def default_backend() -> str:
         >>> default_backend() in ("gloo", "nccl")
         True
         >>> import torch
-        >>> torch.cuda.is_available() or default_backend() == "gloo"   # no GPU -> gloo
+        >>> torch.cuda.is_available() or default_backend(2) == "gloo"   # no GPU -> gloo
         True
 
     .. warning::
         NCCL only moves CUDA tensors: code that picks ``"nccl"`` must also put every tensor it
-        sends on ``torch.device("cuda", local_rank)`` (and call ``torch.cuda.set_device`` first).
-        Asking for CUDA availability initialises the CUDA driver in this process, so call this
-        *after* setting ``CUDA_VISIBLE_DEVICES``.
+        sends on ``torch.device("cuda", local_rank)`` (and call ``torch.cuda.set_device`` first);
+        :func:`rank_device` gives that device. Asking for CUDA availability initialises the CUDA
+        driver in this process, so call this *after* setting ``CUDA_VISIBLE_DEVICES``.
     """
     import torch.distributed as dist
 
-    if torch.cuda.is_available() and torch.cuda.device_count() > 0 and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
+    if nprocs is not None:
+        check_int("nprocs", nprocs, 1)
+    if not (torch.cuda.is_available() and torch.cuda.device_count() > 0 and dist.is_nccl_available()):
+        return "gloo"
+    gpus = torch.cuda.device_count()
+    if nprocs is not None and gpus < nprocs:
+        if say and (nprocs, gpus) not in _SAID:
+            _SAID.add((nprocs, gpus))
+            print(f"gc.default_backend({nprocs}): {nprocs} ranks but {gpus} CUDA GPU(s) here — NCCL "
+                  "needs one GPU per rank (ranks sharing a GPU make it fail or hang), so these ranks "
+                  "use gloo, on the CPU")
+        return "gloo"
+    return "nccl"
+
+
+def rank_device(group=None) -> torch.device:
+    """The device this rank's tensors go on: ``cuda:<local rank>`` under NCCL, else the CPU.
+
+    It follows the process group's backend, not the hardware: a gloo group on a GPU machine (the
+    fallback of :func:`default_backend`) keeps its tensors on the CPU, where gloo's collectives
+    run. Under NCCL it is the device ``torch.cuda.set_device`` chose (``gc.launch`` and the course's
+    scripts set ``LOCAL_RANK``'s GPU). Outside a process group: the CPU.
+
+    Args:
+        group: the process group whose backend decides (default: the default group).
+
+    Example::
+
+        >>> rank_device()                     # no process group in this process
+        device(type='cpu')
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -3,6 +3,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import gpucourse as gc
+import gpucourse.runtime.devices as devices_mod
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -73,6 +74,44 @@ def test_default_backend_decision(monkeypatch, cuda, count, nccl, expected):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: nccl)
     assert gc.default_backend() == expected
+
+
+@pytest.mark.parametrize("count, nprocs, expected", [
+    (1, 1, "nccl"), (1, 2, "gloo"), (2, 2, "nccl"), (2, 3, "gloo"), (8, 3, "nccl")])
+def test_default_backend_for_n_ranks_needs_a_gpu_per_rank(monkeypatch, capsys, count, nprocs, expected):
+    # the lent H200: one GPU, and the lessons' 2-rank cells used to get "nccl" and fail
+    import torch.distributed as dist
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(devices_mod, "_SAID", set())
+    assert gc.default_backend(nprocs) == expected
+    said = capsys.readouterr().out
+    if expected == "gloo":
+        assert f"{nprocs} ranks but {count} CUDA GPU(s)" in said and "use gloo, on the CPU" in said
+        assert gc.default_backend(nprocs, say=False) == "gloo" and capsys.readouterr().out == ""
+        assert gc.default_backend(nprocs) == "gloo" and capsys.readouterr().out == ""   # said once
+    else:
+        assert said == ""
+
+
+def test_default_backend_without_cuda_says_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gc.default_backend(3) == "gloo" and capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="nprocs must be >= 1, got 0"):
+        gc.default_backend(0)
+
+
+def test_rank_device_follows_the_group_backend_not_the_hardware():
+    import torch.distributed as dist
+
+    def fn(rank, world):
+        return str(gc.rank_device()), dist.get_backend()
+
+    assert str(gc.rank_device()) == "cpu"
+    assert gc.launch(fn, 2, backend=gc.default_backend(2), timeout=60) == (
+        [("cpu", "gloo")] * 2 if gc.default_backend(2, say=False) == "gloo" else
+        [("cuda:0", "nccl"), ("cuda:1", "nccl")])
 
 
 def test_default_backend_runs_a_collective():
