@@ -344,6 +344,16 @@ class SharedTotal:
     def locked(self) -> bool:
         return self._lock is not None
 
+    # A child process gets its own copy with its own lock, whether it was forked (the lock's
+    # memory is copied) or spawned (pickled, as launch() does once CUDA is loaded: a lock cannot
+    # be pickled, so a fresh one is made there). Either way nothing is shared with the parent.
+    def __getstate__(self) -> dict:
+        return {"value": self.value, "lock": self._lock is not None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.value = state["value"]
+        self._lock = threading.Lock() if state["lock"] else None
+
     def add(self, amount: Any) -> None:
         """``value = value + amount`` — atomically if the total has a lock."""
         if self._lock is None:

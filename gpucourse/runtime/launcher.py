@@ -345,13 +345,25 @@ def _timeout_error(failure, stacks: list[str], nprocs: int, timeout: float) -> T
     return error
 
 
+def _exception_line(tb: str) -> str:
+    """The ``ExcType: message`` line of a formatted traceback: the first unindented line after the
+    last ``Traceback`` header. Not the last line: a CUDA error's message goes on for lines and ends
+    in advice ("Compile with `TORCH_USE_CUDA_DSA` ..."), which alone says nothing."""
+    lines = tb.strip().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    for line in lines[starts[-1] + 1 if starts else 0:]:
+        if line.strip() and not line[0].isspace():
+            return line
+    return lines[-1] if lines else ""
+
+
 def _worker_error(failure, errs: list[str]) -> WorkerError:
     _, rank, exc_type, tb, exitcode = failure
     if exc_type is None:
         first = f"rank {rank} died with {_signal_name(exitcode)} before reporting a result"
         detail = tidy_stack(errs[rank]) or "(it printed nothing to stderr)"
         return WorkerError(rank, f"{first}\n--- stderr of rank {rank} ---\n{detail}", exitcode=exitcode)
-    last = tb.strip().splitlines()[-1] if tb.strip() else exc_type
+    last = _exception_line(tb) or exc_type
     return WorkerError(rank, f"rank {rank} raised {last}\n--- traceback from rank {rank} ---\n{tb}",
                        exc_type=exc_type, remote_traceback=tb, exitcode=exitcode)
 

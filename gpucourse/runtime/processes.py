@@ -4,11 +4,16 @@
 in a notebook cell included, and torch already imported (fast). But a forked child cannot use CUDA
 once the parent has initialised it ("Cannot re-initialize CUDA in forked subprocess"), and
 ``torch.cuda.is_available()`` already initialises the CUDA *driver* without
-``torch.cuda.is_initialized()`` saying so. So ranks are started with ``spawn`` (a fresh
-interpreter) whenever CUDA may have been touched in this process, or ``backend="nccl"`` will use
-it; ``fn`` and ``args`` then travel *by value* with ``cloudpickle``, which can send what plain
-``pickle`` sends only by name — functions and classes defined in a notebook cell, closures,
-lambdas.
+``torch.cuda.is_initialized()`` saying so. So whenever CUDA may have been touched in this process,
+or ``backend="nccl"`` will use it, ranks are forked by a *fork server* instead: a fresh interpreter
+that imported torch once (and never touched CUDA), started at the first such launch and ending with
+this process. A rank it forks starts in a fraction of a second, where a ``spawn``-ed one imports
+torch afresh (seconds; ten or more on a busy GPU machine, for every rank of every launch). ``fn``
+and ``args`` then travel *by value* with ``cloudpickle``, which can send what plain ``pickle``
+sends only by name — functions and classes defined in a notebook cell, closures, lambdas — and the
+rank takes this process's environment, working folder and ``sys.path`` as they are at the launch.
+Where there is no fork server (Windows, macOS' default), or ``GPUCOURSE_START_METHOD=spawn`` says
+so, ranks are spawned.
 
 **How ranks stop** (:func:`stop`): SIGTERM (on failure) and a short grace period, then SIGKILL for
 every rank and everything below it (:mod:`~gpucourse.runtime.process_tree`). A Ctrl-C that arrives
@@ -90,18 +95,25 @@ def _cuda_driver_loaded() -> bool:
         return False
 
 
+#: what the fork server imports once, so that each rank it forks starts with them loaded (none of
+#: them touches CUDA: a forked child could not use it)
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "gpucourse.runtime.rank_process"]
+
+
 def choose_start_method(fn: Callable, backend: str = "gloo") -> str:
-    """``"fork"`` where it is safe, else ``"spawn"`` — or a clear error when neither can work."""
+    """``"fork"`` where it is safe, else ``"forkserver"`` (or ``"spawn"``) — or a clear error when
+    neither can work."""
     reason = why_not_fork(backend)
     if reason is None:
         return "fork"
     importable = (getattr(fn, "__module__", "__main__") != "__main__"
                   and "<" not in getattr(fn, "__qualname__", "<"))
     if importable or _has_cloudpickle():
-        return "spawn"
+        spawn = os.environ.get("GPUCOURSE_START_METHOD") == "spawn" or "forkserver" not in mp.get_all_start_methods()
+        return "spawn" if spawn else "forkserver"
     raise RuntimeError(
-        f"launch() cannot start {getattr(fn, '__qualname__', fn)!r}: {reason}, so it must use "
-        "'spawn', and spawn can only start functions it can import by name — not ones defined in "
+        f"launch() cannot start {getattr(fn, '__qualname__', fn)!r}: {reason}, so it must start a "
+        "fresh interpreter, which can only start functions it can import by name — not ones defined in "
         "a notebook cell or inside another function — unless cloudpickle is installed. Fix: "
         "pip install cloudpickle, or move the function into a .py file and import it, or restart "
         "the kernel and call launch() before anything touches CUDA."
@@ -117,7 +129,7 @@ def _has_cloudpickle() -> bool:
 
 
 def _task(fn: Callable, args: tuple, method: str, backend: str):
-    """What a rank receives: ``(fn, args)`` itself when forked, cloudpickle's bytes when spawned."""
+    """What a rank receives: ``(fn, args)`` itself when forked, cloudpickle's bytes otherwise."""
     if method == "fork":
         return fn, args
     if not _has_cloudpickle():
@@ -128,7 +140,7 @@ def _task(fn: Callable, args: tuple, method: str, backend: str):
         return cloudpickle.dumps((fn, args))
     except Exception as e:  # noqa: BLE001
         raise TypeError(
-            f"launch() starts the ranks with spawn here ({why_not_fork(backend)}), which sends fn "
+            f"launch() starts the ranks with {method} here ({why_not_fork(backend)}), which sends fn "
             f"and args to them pickled, and they cannot be pickled: {type(e).__name__}: {e}. "
             "Pass plain data (numbers, lists, dicts, tensors) and create locks, files or "
             "connections inside fn.") from None
@@ -182,9 +194,13 @@ def start_ranks(into: list[Rank], fn: Callable, args: tuple, nprocs: int, *, met
     if method == "fork":
         warm_parent()
     ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(FORKSERVER_PRELOAD)    # read when the server starts (the first time)
     task = _task(fn, tuple(args), method, backend)
     loopback = loopback_interface()
-    with warnings.catch_warnings(), (_spawn_without_main() if method == "spawn" and isinstance(task, bytes)
+    # a fork server's child has the server's environment (from when it started): send ours
+    environ = dict(os.environ) if method == "forkserver" else None
+    with warnings.catch_warnings(), (_spawn_without_main() if method != "fork" and isinstance(task, bytes)
                                      else contextlib.nullcontext()):
         # Python >= 3.12 warns about fork() in a multi-threaded process (the Jupyter kernel has
         # helper threads). Children only run our code and never touch those threads.
@@ -196,7 +212,7 @@ def start_ranks(into: list[Rank], fn: Callable, args: tuple, nprocs: int, *, met
             process = ctx.Process(
                 target=rank_main, name=f"gpucourse-rank{rank}", daemon=False,
                 args=(task, rank, nprocs, backend, init_pg, port_recv, float(timeout), files.paths,
-                      send, method == "fork", launch_id, loopback))
+                      send, method == "fork", launch_id, loopback, environ))
             with _ctrl_c_deferred():   # from fork to `into`: a rank started must be a rank recorded
                 process.start()
                 into.append(Rank(process, messages, port_pipe, files))

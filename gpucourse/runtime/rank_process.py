@@ -33,8 +33,12 @@ __all__ = ["rank_main"]
 
 
 def rank_main(task, rank, world_size, backend, init_pg, port_conn, timeout, paths, conn, forked,
-              launch_id, loopback):
-    """Body of every rank; ``task`` is ``(fn, args)``, or its cloudpickle bytes when spawned."""
+              launch_id, loopback, environ=None):
+    """Body of every rank; ``task`` is ``(fn, args)``, or its cloudpickle bytes when not forked;
+    ``environ``: the launcher's environment, for a rank forked by the fork server (which has its own)."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     os.setpgid(0, 0)  # own process group: the parent can kill us *and* whatever we start
     # not the launcher's "Ctrl-C later" handler a fork copies (see processes._ctrl_c_deferred)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -76,10 +80,19 @@ def rank_main(task, rank, world_size, backend, init_pg, port_conn, timeout, path
     os.environ.setdefault("TORCH_DIST_INIT_BARRIER", "1")
     import torch.distributed as dist
 
+    _agent_store_only_at_master_port()
+
     message: tuple
     client = None
     try:
         fn, args = pickle.loads(task) if isinstance(task, bytes) else task
+        if not init_pg and not forked:
+            # spawned ranks each import torch afresh: seconds apart on a busy machine. fn often
+            # joins a group itself with a short timeout, so all start it together (a forked rank
+            # starts in milliseconds; init_process_group has its own start barrier)
+            client = dist.TCPStore("127.0.0.1", port, is_master=False,
+                                   timeout=datetime.timedelta(seconds=timeout))
+            _starting_line(client, rank, world_size)
         if init_pg:
             if backend == "nccl":
                 torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -136,6 +149,45 @@ def _result_message(result, rank: int, forked: bool) -> tuple:
         why = (f"rank {rank} finished, but its return value could not be sent back to the parent "
                f"({type(e).__name__}: {e}). Return plain data: numbers, lists, dicts, tensors.\n")
         return "error", type(e).__name__, why
+
+
+def _agent_store_only_at_master_port() -> None:
+    """Give torch 2.11 and older the rule newer torch has: ``TORCHELASTIC_USE_AGENT_STORE`` means "the
+    launcher serves the store at ``MASTER_ADDR:MASTER_PORT``" — not at every ``tcp://`` address.
+
+    Older torch took every ``tcp://`` URL as the launcher's store, so a rank that joins a group of
+    its own at ``tcp://127.0.0.1:<free port>`` (lesson 05) found no server there: rank 0, which
+    should host it, became one more client (seen on an H200 with torch 2.11: "The client socket has
+    timed out after 10000ms"). Newer torch (``rendezvous._agent_store_serves``) checks the address.
+    """
+    import importlib
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")   # the module, not the function
+    original = getattr(rendezvous, "_create_c10d_store", None)
+    if original is None or not _torch_takes_every_url_for_the_agents(rendezvous):
+        return
+
+    def create(hostname, port, *args, **kwargs):
+        if (hostname, str(port)) == (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")):
+            return original(hostname, port, *args, **kwargs)
+        saved = os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)   # rank 0 hosts, as it should
+        try:
+            return original(hostname, port, *args, **kwargs)
+        finally:
+            if saved is not None:
+                os.environ["TORCHELASTIC_USE_AGENT_STORE"] = saved
+
+    rendezvous._create_c10d_store = create
+
+
+def _torch_takes_every_url_for_the_agents(rendezvous) -> bool:
+    return not hasattr(rendezvous, "_agent_store_serves")     # the check newer torch makes
+
+
+def _starting_line(store, rank: int, world_size: int) -> None:
+    """Wait until every spawned rank has imported torch and unpickled ``fn`` before any runs it."""
+    store.set(f"gpucourse/ready/{rank}", "1")
+    store.wait([f"gpucourse/ready/{r}" for r in range(world_size)])
 
 
 def _closing_barrier(store, rank: int, world_size: int) -> None:

@@ -234,6 +234,20 @@ def test_processes_do_not_share_a_total():
     assert total.value == 0           # each child added into its own copy
 
 
+def test_processes_started_with_spawn_get_their_own_total_too(monkeypatch):
+    # once CUDA is loaded (any GPU machine: torch.cuda.is_available() loads the driver) launch()
+    # spawns and pickles fn: a bound method of a locked total must still travel (seen on an H200)
+    from gpucourse.runtime import processes
+
+    monkeypatch.setattr(processes, "why_not_fork", lambda backend: "as on a machine with CUDA loaded")
+    total = gc.SharedTotal(0)
+    results = gc.parallel_map(lambda x: x * 2, [1, 2, 3, 4], workers=2, backend="process")
+    assert results == [2, 4, 6, 8]
+    gc.parallel_map(total.add, [1, 2, 3, 4], workers=2, backend="process")
+    assert total.value == 0 and total.locked
+    assert gc.parallel_reduce(lambda x: x, [1, 2, 3, 4], workers=2, backend="process") == 10
+
+
 # --- the environment of a measurement ------------------------------------------------------------
 
 def test_intra_op_threads_restores_after_an_error():

@@ -193,6 +193,22 @@ def test_unpicklable_return_value_is_reported():
         gc.launch(lambda r, w: (lambda: None), 1)
 
 
+def _raise_like_cuda(rank, world_size):
+    if rank == 1:
+        raise RuntimeError("CUDA error: invalid device ordinal\nCUDA kernel errors might be asynchronously "
+                           "reported at some other API call.\nCompile with `TORCH_USE_CUDA_DSA` to enable "
+                           "device-side assertions.")
+    return rank
+
+
+def test_a_multi_line_error_is_named_by_its_first_line_not_its_advice():
+    # seen on an H200: "rank 1 raised Compile with `TORCH_USE_CUDA_DSA` ..." said nothing of the error
+    with pytest.raises(gc.WorkerError) as info:
+        gc.launch(_raise_like_cuda, 2, timeout=60)
+    assert str(info.value).splitlines()[0] == "rank 1 raised RuntimeError: CUDA error: invalid device ordinal"
+    assert "TORCH_USE_CUDA_DSA" in str(info.value)            # the whole traceback is still there
+
+
 def test_hang_raises_timeout_error_naming_ranks_and_where():
     def fn(rank, world_size):
         if rank == 0:
@@ -319,30 +335,73 @@ def test_function_defined_in_main_script_works(tmp_path):
 
 # --- start method choice ---------------------------------------------------------------------
 
-def test_spawn_path_runs_importable_functions(monkeypatch):
-    monkeypatch.setattr(launch_mod, "choose_start_method", lambda fn, backend: "spawn")
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawn_and_fork_server_paths_run_importable_functions(monkeypatch, method):
+    monkeypatch.setattr(launch_mod, "choose_start_method", lambda fn, backend: method)
     assert gc.launch(_launch_targets.rank_sum, 2) == [1.0, 1.0]
 
 
-def test_cuda_initialised_parent_uses_spawn_or_explains(monkeypatch):
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawned_ranks_start_fn_together_though_one_arrives_late(monkeypatch, method):
+    # on a GPU machine launch() spawns (CUDA is loaded), and each rank imports torch afresh: on a
+    # busy machine seconds apart. Lesson 05's cells join their own group with a short timeout, so
+    # the ranks must start fn together (seen on an H200: "client socket has timed out after 10000ms")
+    monkeypatch.setattr(launch_mod, "choose_start_method", lambda fn, backend: method)
+    out = gc.launch(_launch_targets.join_tcp_with_a_short_timeout, 2, init_process_group=False,
+                    args=(f"tcp://127.0.0.1:{gc.free_port()}", _launch_targets.SlowToArriveOnRank1()),
+                    timeout=60)
+    (entered0, sum0), (entered1, sum1) = out
+    assert sum0 == sum1 == 3.0
+    assert abs(entered1 - entered0) < 1.5, f"rank 1 started fn {entered1 - entered0:.1f} s after rank 0"
+
+
+def test_an_own_tcp_group_gets_its_server_on_torch_that_takes_every_url_for_the_agents(monkeypatch):
+    # torch 2.11 (the lent GPU machine's): with TORCHELASTIC_USE_AGENT_STORE set, every tcp:// URL
+    # was taken as the launcher's store, and rank 0 of lesson 05's own group hosted nothing
+    import importlib
+
+    from torch.distributed import TCPStore
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")   # the module, not the function
+    newer = rendezvous._create_c10d_store
+
+    def as_in_torch_2_11(hostname, port, rank, world_size, timeout, use_libuv=True):
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            return TCPStore(hostname, port, world_size, False, timeout, use_libuv=use_libuv)
+        return newer(hostname, port, rank, world_size, timeout, use_libuv)
+
+    import gpucourse.runtime.rank_process as rank_process_mod
+
+    monkeypatch.setattr(rank_process_mod, "_torch_takes_every_url_for_the_agents", lambda module: True)
+    monkeypatch.setattr(rendezvous, "_create_c10d_store", as_in_torch_2_11)
+    out = gc.launch(_launch_targets.join_own_tcp_group, 3, init_process_group=False,
+                    args=(f"tcp://127.0.0.1:{gc.free_port()}",), timeout=60)
+    assert out == [6.0, 6.0, 6.0]
+    assert gc.launch(_launch_targets.join_env_twice, 2, init_process_group=False, timeout=60) == [[2.0, 2.0]] * 2
+
+
+def test_cuda_initialised_parent_uses_the_fork_server_or_spawn_or_explains(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert processes_mod.choose_start_method(_launch_targets.rank_sum) == "spawn"
+    assert processes_mod.choose_start_method(_launch_targets.rank_sum) == "forkserver"
 
     def local_fn(rank, world_size):
         return rank
 
-    assert processes_mod.choose_start_method(local_fn) == "spawn"   # sent by value (cloudpickle)
+    assert processes_mod.choose_start_method(local_fn) == "forkserver"   # sent by value (cloudpickle)
+    monkeypatch.setenv("GPUCOURSE_START_METHOD", "spawn")
+    assert processes_mod.choose_start_method(local_fn) == "spawn"
+    monkeypatch.delenv("GPUCOURSE_START_METHOD")
     monkeypatch.setattr(processes_mod, "_has_cloudpickle", lambda: False)
     with pytest.raises(RuntimeError, match="move the function into a .py file"):
         processes_mod.choose_start_method(local_fn)
 
 
-def test_nccl_or_a_loaded_cuda_driver_means_spawn(monkeypatch):
+def test_nccl_or_a_loaded_cuda_driver_means_a_fresh_interpreter(monkeypatch):
     fn = lambda r, w: r  # noqa: E731 - a lambda, as in a notebook cell
     assert processes_mod.choose_start_method(fn, "gloo") == "fork"
-    assert processes_mod.choose_start_method(fn, "nccl") == "spawn"
+    assert processes_mod.choose_start_method(fn, "nccl") == "forkserver"
     monkeypatch.setattr(processes_mod, "_cuda_driver_loaded", lambda: True)
-    assert processes_mod.choose_start_method(fn, "gloo") == "spawn"
+    assert processes_mod.choose_start_method(fn, "gloo") == "forkserver"
     assert "torch.cuda.is_available()" in processes_mod.why_not_fork("gloo")
 
 

@@ -168,7 +168,7 @@ _SPAWN_SCRIPT = """
 import os, pathlib, sys, time
 import torch, torch.distributed as dist
 import gpucourse as gc
-if sys.argv[1] == "spawn":
+if sys.argv[1] != "fork":
     torch.cuda.is_initialized = lambda: True    # as if a lesson had used CUDA: fork is unsafe now
 folder = pathlib.Path(sys.argv[2])
 
@@ -198,6 +198,10 @@ def hanging(rank, world_size):
 out = gc.launch(summed, 2, args=(10,))
 print("points", [p.x for p, _ in out], all(isinstance(p, Point) for p, _ in out))
 print("pids", *[pid for _, pid in out])
+os.environ["GPUCOURSE_SEEN"] = "set-after-the-first-launch"   # after the fork server started
+os.chdir(folder)
+print("environ", gc.launch(lambda r, w: (os.environ.get("GPUCOURSE_SEEN"), os.getcwd() == str(folder.resolve())),
+                           2, init_process_group=False))
 print("closure", gc.launch(make_closure(100), 3, init_process_group=False))
 print("lambda", gc.launch(lambda r, w: (r, w), 2))
 try:
@@ -215,8 +219,9 @@ except TimeoutError as e:
 def _run_spawn_script(tmp_path, method):
     script = tmp_path / "notebook_like.py"
     script.write_text(_SPAWN_SCRIPT)   # no `if __name__ == "__main__":`, like a notebook
+    env = dict(os.environ, GPUCOURSE_START_METHOD=method)
     out = subprocess.run([sys.executable, str(script), method, str(tmp_path)], capture_output=True,
-                         text=True, timeout=300, check=False)
+                         text=True, timeout=300, check=False, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
     pids = [int(p) for p in lines.pop("pids").split()]
@@ -225,11 +230,14 @@ def _run_spawn_script(tmp_path, method):
 
 
 @pytest.mark.slow
-def test_spawn_with_cloudpickle_gives_the_same_results_errors_and_cleanup_as_fork(tmp_path):
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_fork_server_and_spawn_with_cloudpickle_give_the_same_results_errors_and_cleanup_as_fork(
+        tmp_path, method):
     forked, fork_pids = _run_spawn_script(tmp_path, "fork")
-    spawned, spawn_pids = _run_spawn_script(tmp_path, "spawn")
+    spawned, spawn_pids = _run_spawn_script(tmp_path, method)
     assert forked == {
         "points": "[30.0, 30.0] True",
+        "environ": "[('set-after-the-first-launch', True), ('set-after-the-first-launch', True)]",
         "closure": "[100, 101, 102]",
         "lambda": "[(0, 2), (1, 2)]",
         "error": "1 KeyError rank 1 raised KeyError: 'rank one lost its key'",
