@@ -170,7 +170,7 @@ def _root_cause(stderr: str, lines: int = 25) -> str:
     by_rank = _group_lines(stderr, None)
     for rank in sorted(r for r in by_rank if r >= 0):
         text = "\n".join(by_rank[rank])
-        if "Traceback" in text or "Error" in text:
+        if "Traceback" in text or re.search(r"error", text, re.IGNORECASE):   # argparse: "…: error: …"
             return f"[rank {rank}] " + _tail(text[text.find("Traceback"):] if "Traceback" in text
                                              else text, lines).replace("\n", f"\n[rank {rank}] ")
     return _tail(stderr, lines)
@@ -247,6 +247,7 @@ def launch_nodes(script: str, nnodes: int = 2, nproc_per_node: int = 1, *,
                 "MASTER_ADDR", "MASTER_PORT"):  # never leak our own process's identity
         base_env.pop(key, None)
     base_env.update(env or {})
+    gpus = _gpus_per_node(nnodes, nproc_per_node, env, node_env)
 
     procs: list[subprocess.Popen] = []
     owners: list[int] = []        # node of each process
@@ -256,7 +257,7 @@ def launch_nodes(script: str, nnodes: int = 2, nproc_per_node: int = 1, *,
         files = []
         try:
             for node in range(nnodes):
-                node_environ = {**base_env, **(node_env[node] if node_env else {})}
+                node_environ = {**base_env, **gpus[node], **(node_env[node] if node_env else {})}
                 prefix = list(node_prefix[node]) if node_prefix else []
                 jobs = _node_jobs(launcher, script, script_args, node, nnodes, nproc_per_node,
                                   master_addr, port, tmp)
@@ -316,6 +317,33 @@ def launch_nodes(script: str, nnodes: int = 2, nproc_per_node: int = 1, *,
                         f"was stopped.\n--- node {failed}: first error ---\n{_root_cause(bad.stderr)}",
                         failed, results)
     return results
+
+
+def _gpus_per_node(nnodes: int, nproc: int, env: Mapping[str, str] | None,
+                   node_env: Sequence[Mapping[str, str]] | None) -> list[dict[str, str]]:
+    """``CUDA_VISIBLE_DEVICES`` for each emulated machine: GPUs of its own, as real machines have.
+
+    The emulated machines share this host's GPUs. A script that takes ``cuda:<LOCAL_RANK>`` would
+    put rank 0 of every machine on the same GPU, where NCCL fails or hangs. So each machine gets
+    its own ``nproc`` GPUs when the host has enough for every process, and none otherwise — its
+    processes then run as on machines without GPUs (gloo, on the CPU), and one line says so. A
+    ``CUDA_VISIBLE_DEVICES`` given in ``env`` or ``node_env`` is left as it is.
+    """
+    if "CUDA_VISIBLE_DEVICES" in (env or {}) or any("CUDA_VISIBLE_DEVICES" in e for e in node_env or ()):
+        return [{} for _ in range(nnodes)]
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return [{} for _ in range(nnodes)]
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [x.strip() for x in spec.split(",") if x.strip()][:count] if spec else [str(i) for i in range(count)]
+    if len(ids) >= nnodes * nproc:
+        return [{"CUDA_VISIBLE_DEVICES": ",".join(ids[n * nproc:(n + 1) * nproc])} for n in range(nnodes)]
+    print(f"gc.launch_nodes: {nnodes} emulated machines × {nproc} processes, but {count} CUDA GPU(s) on "
+          "this host: no machine gets a GPU (CUDA_VISIBLE_DEVICES=''), so every process runs on the "
+          "CPU over gloo, as on machines without GPUs")
+    return [{"CUDA_VISIBLE_DEVICES": ""} for _ in range(nnodes)]
 
 
 def _node_jobs(launcher, script, script_args, node, nnodes, nproc, master_addr, port, tmp):

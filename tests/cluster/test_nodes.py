@@ -80,6 +80,43 @@ def test_a_failing_node_stops_the_job_and_shows_its_traceback(tmp_path):
     assert err.value.results[0].returncode is None
 
 
+def test_a_rank_that_exits_with_a_usage_error_is_shown_not_torchruns_report(tmp_path):
+    # seen on a GPU machine: both ranks exited with code 2 and the error showed only torchrun's
+    # ChildFailedError, because an argparse error has no "Traceback" and a lowercase "error:"
+    script = _script(tmp_path, """
+        import argparse
+        argparse.ArgumentParser(prog="train.py").parse_args(["--epochz", "2"])
+    """)
+    with pytest.raises(gc.NodeError) as err:
+        gc.launch_nodes(script, 2, 1, launcher="torchrun", timeout=60, echo=False)
+    assert "train.py: error: unrecognized arguments: --epochz 2" in str(err.value)
+
+
+@pytest.mark.parametrize("count, visible, nnodes, nproc, want", [
+    (0, None, 2, 1, [{}, {}]),                                           # no GPU: nothing to split
+    (4, None, 2, 2, [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]),
+    (4, "3,1,0,2", 2, 1, [{"CUDA_VISIBLE_DEVICES": "3"}, {"CUDA_VISIBLE_DEVICES": "1"}]),
+    (1, None, 2, 1, [{"CUDA_VISIBLE_DEVICES": ""}] * 2),                 # the lent H200: none each
+    (3, None, 2, 2, [{"CUDA_VISIBLE_DEVICES": ""}] * 2)])
+def test_emulated_machines_get_gpus_of_their_own_or_none(monkeypatch, capsys, count, visible, nnodes,
+                                                          nproc, want):
+    import torch
+
+    from gpucourse.cluster import nodes
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert nodes._gpus_per_node(nnodes, nproc, None, None) == want
+    said = capsys.readouterr().out
+    assert ("no machine gets a GPU" in said) == (want[0] == {"CUDA_VISIBLE_DEVICES": ""})
+    # the caller's own choice wins
+    assert nodes._gpus_per_node(nnodes, nproc, {"CUDA_VISIBLE_DEVICES": "0"}, None) == [{}] * nnodes
+
+
 def test_a_hanging_job_times_out_and_leaves_no_process(tmp_path):
     pids = tmp_path / "pids"
     pids.mkdir()
