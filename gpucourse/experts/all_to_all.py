@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..runtime import rank_device
+
 __all__ = ["all_to_all", "exchange_headers"]
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -64,9 +66,10 @@ def exchange_headers(group, *, d_model: int, layer_dtype: torch.dtype, shape: tu
     code = _DTYPES.index(dtype) if dtype in _DTYPES else -1
     ndim, width = len(shape), (shape[-1] if shape else -1)
     mine = torch.cat([torch.tensor([ndim, width, code, int(needs_grad)]), counts.to(torch.int64).cpu()])
+    mine = mine.to(rank_device(group))                               # NCCL gathers CUDA tensors only
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, mine, group=group)
-    table = torch.stack(every)                                       # (world, 4 + E)
+    table = torch.stack(every).cpu()                                 # (world, 4 + E)
     problems = []
     for s, (n, w, c, g) in enumerate(table[:, :4].tolist()):
         if n != 2 or w != d_model:

@@ -101,7 +101,8 @@ class ExpertParallelMoE(nn.Module):
         # 4) dispatch: my copies go to the ranks of their experts
         x_recv = all_to_all(x[copies.token], send, recv, self.group, meter)   # (Σ recv, d) by source, then expert
         # 5) my experts on what arrived: regroup by expert, run, put back in arrival order
-        expert_of = torch.repeat_interleave(torch.arange(len(self.expert_ids)).repeat(world), mine.reshape(-1))
+        expert_of = torch.repeat_interleave(torch.arange(len(self.expert_ids)).repeat(world),
+                                            mine.reshape(-1)).to(x_recv.device)
         order = torch.sort(expert_of, stable=True).indices
         y_sorted = run_experts(list(self.experts.values()), x_recv[order], mine.sum(0).tolist())
         y_recv = y_sorted[torch.argsort(order)]

@@ -73,7 +73,7 @@ def blockwise_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bl
     for i in range(0, seq, block_size):                         # 1) one block of query rows
         qi = q[:, :, i:i + block_size]                          # (B, H, bq, D)
         out = torch.zeros_like(qi)
-        lse = torch.full(qi.shape[:-1], -math.inf, dtype=q.dtype)  # (B, H, bq)
+        lse = torch.full(qi.shape[:-1], -math.inf, dtype=q.dtype, device=q.device)  # (B, H, bq)
         for j in range(0, seq, block_size):                     # 2) one block of keys at a time
             if causal and j > i:
                 break                                           #    above the diagonal: all masked
@@ -202,6 +202,8 @@ def _reduce_kv(dx: torch.Tensor, heads_kv: int) -> torch.Tensor:
 
 
 def _fused_forward(q, k, v, causal):
+    if q.is_cuda and q.dtype == torch.float64:   # CUDA's fused kernels take fp32, fp16 and bf16 only
+        return attention_block(q, k, v, causal=causal, kernel="readable")
     if q.is_cuda:
         out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal)[:2]
         return out, lse[..., :q.shape[2]]

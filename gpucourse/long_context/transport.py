@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..basics import ChunkRecord, Trace
-from ..runtime import group_info
+from ..runtime import group_info, rank_device
 
 __all__ = ["CPMeter", "CPStep", "agree_on_shards", "cp_meter", "record_message", "ring_exchange", "ring_traces"]
 
@@ -181,9 +181,10 @@ def agree_on_shards(facts: list[int], problem: str | None, group, what: str) -> 
         if problem:
             raise ValueError(problem)
         return
-    mine = torch.tensor([0 if problem is None else 1, *facts], dtype=torch.int64)
+    mine = torch.tensor([0 if problem is None else 1, *facts], dtype=torch.int64, device=rank_device(group))
     views = [torch.empty_like(mine) for _ in range(size)]
     dist.all_gather(views, mine, group=group)
+    views = [v.cpu() for v in views]
     bad = [r for r, v in enumerate(views) if v[0] != 0]
     if problem:
         raise ValueError(f"{what}: {problem}")

@@ -22,7 +22,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from ..runtime import check_type
+from ..runtime import check_type, rank_device
 
 __all__ = ["dcp_load", "dcp_save", "full_model_state", "fully_shard_model"]
 
@@ -32,7 +32,9 @@ def fully_shard_model(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
 
     Args:
         model: the plain model, the same initial weights on every rank.
-        mesh: a 1-D ``DeviceMesh`` (default: all ranks, on CUDA if available else CPU).
+        mesh: a 1-D ``DeviceMesh`` (default: all ranks, on this group's device —
+            :func:`~gpucourse.rank_device`: CUDA under NCCL, the CPU under gloo, also on a GPU
+            machine).
 
     Returns:
         the model, now with ``DTensor`` parameters (dim 0 split over the ranks).
@@ -56,7 +58,7 @@ def fully_shard_model(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
 
     check_type("model", model, torch.nn.Module)
     if mesh is None:
-        mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (dist.get_world_size(),))
+        mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
     for child in model.children():
         if any(True for _ in child.parameters()):
             fully_shard(child, mesh=mesh)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import statistics
 import time
 
@@ -94,6 +95,9 @@ def _coordinates_worker(rank, world_size, shape, names):
     n, coords = 1, []
     for size in shape:
         n *= size
+    # no start barrier: a FakeStore has no add() (torch 2.11 calls it when TORCH_DIST_INIT_BARRIER=1,
+    # which launch sets for real groups; seen on a GPU machine), and a fake group has no one to wait for
+    os.environ["TORCH_DIST_INIT_BARRIER"] = "0"
     for r in range(n):     # the fake backend: a process group of n "ranks" that never talks
         dist.init_process_group("fake", rank=r, world_size=n, store=FakeStore())
         try:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..runtime import launch, validate
+from ..runtime import default_backend, launch, rank_device, validate
 from .fsdp import FullyShardedModule
 from .memory_model import RankMemory, measure_step_memory
 from .zero import ZeroOptimizer
@@ -58,6 +58,9 @@ class ShardedRun:
 def wrap_for(strategy: str, model: torch.nn.Module, optimizer_class=torch.optim.AdamW, **optimizer_kwargs):
     """``(model, optimizer)`` for one strategy of :data:`STRATEGIES`, in a process group.
 
+    The model must already be on this rank's device (:func:`~gpucourse.rank_device`: the CPU under
+    gloo, ``cuda:<local rank>`` under NCCL); DDP gets ``device_ids`` and FSDP2 its mesh from it.
+
     Example::
 
         >>> import torch, gpucourse as gc
@@ -78,7 +81,8 @@ def wrap_for(strategy: str, model: torch.nn.Module, optimizer_class=torch.optim.
         from torch.distributed.optim import ZeroRedundancyOptimizer
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(model)
+        device = rank_device()
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         if strategy == "ddp":
             return model, optimizer_class(model.parameters(), **optimizer_kwargs)
         return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class,
@@ -89,11 +93,15 @@ def wrap_for(strategy: str, model: torch.nn.Module, optimizer_class=torch.optim.
     if strategy == "zero3":
         model = FullyShardedModule(model)
         return model, optimizer_class(model.parameters(), **optimizer_kwargs)
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # the mesh on this rank's device: without it FSDP2 picks CUDA whenever the machine has a GPU,
+    # also for a gloo group whose ranks compute on the CPU
+    mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
     for layer in _fsdp_layers(model):           # one FSDP unit per layer, then the root
-        fully_shard(layer)
-    fully_shard(model)                          # the root: embeddings and whatever is left
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)               # the root: embeddings and whatever is left
     return model, optimizer_class(model.parameters(), **optimizer_kwargs)
 
 
@@ -115,22 +123,24 @@ def _fsdp_layers(module: torch.nn.Module):
 
 
 def _full_state_dict(strategy, model) -> dict:
-    if strategy == "zero3":
-        return model.full_state_dict()
+    if strategy == "zero3":       # back to the launcher: CPU tensors (the model may be on a GPU)
+        return {k: v.to("cpu", copy=True) for k, v in model.full_state_dict().items()}
     if strategy in ("ddp", "torch_zero"):
         model = model.module
     out = {}
     for k, v in model.state_dict().items():
         v = v.full_tensor() if hasattr(v, "full_tensor") else v      # FSDP2: DTensor -> tensor
-        out[k] = v.detach().clone()
+        out[k] = v.detach().to("cpu", copy=True)          # back to the launcher: CPU tensors
     return out
 
 
 def _worker(rank, world_size, strategy, model_fn, x, y, steps, optimizer_class, optimizer_kwargs,
             accumulation, measure_memory, loss_fn):
     torch.manual_seed(0)
-    model, opt = wrap_for(strategy, model_fn(), optimizer_class, **optimizer_kwargs)
+    device = rank_device()                      # the CPU under gloo, cuda:<rank> under NCCL
+    model, opt = wrap_for(strategy, model_fn().to(device), optimizer_class, **optimizer_kwargs)
     xs, ys = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]   # this rank's batch
+    xs, ys = xs.to(device), ys.to(device)
     losses, times, memory = [], [], None
     for step in range(steps):
         if step == 0 and measure_memory:
@@ -150,7 +160,7 @@ def _worker(rank, world_size, strategy, model_fn, x, y, steps, optimizer_class, 
             opt.step()
             opt.zero_grad()
             times.append(time.perf_counter() - start)
-        total = torch.as_tensor(loss, dtype=torch.float32).detach().reshape(1).clone()
+        total = torch.as_tensor(loss, dtype=torch.float32, device=device).detach().reshape(1).clone()
         dist.all_reduce(total)
         losses.append(total.item() / world_size)
     return {"state_dict": _full_state_dict(strategy, model), "losses": losses, "times": times,
@@ -168,7 +178,7 @@ class _nothing:
 def train_sharded(strategy: str, model_fn, x: torch.Tensor, y: torch.Tensor, *, world_size: int = 2,
                   steps: int = 5, optimizer_class=torch.optim.AdamW, accumulation: int = 1,
                   measure_memory: bool = False, loss_fn=F.mse_loss, timeout: float = 120.0,
-                  **optimizer_kwargs) -> ShardedRun:
+                  backend: str | None = None, **optimizer_kwargs) -> ShardedRun:
     """Train ``model_fn()`` on ``(x, y)`` for ``steps`` steps with one strategy on ``world_size`` ranks.
 
     Every rank seeds ``torch.manual_seed(0)`` before ``model_fn()``, so all strategies start from
@@ -185,6 +195,9 @@ def train_sharded(strategy: str, model_fn, x: torch.Tensor, y: torch.Tensor, *, 
         accumulation: micro-batches per step (gradient accumulation; DDP uses ``no_sync``).
         measure_memory: make the first step a :func:`measure_step_memory` step (not timed).
         timeout: seconds for the whole run.
+        backend: ``"gloo"`` (the ranks compute on the CPU) or ``"nccl"`` (rank ``r`` on ``cuda:r``);
+            default :func:`~gpucourse.default_backend` for ``world_size`` ranks: NCCL when the
+            machine has a GPU per rank, else gloo.
 
     Returns:
         :class:`ShardedRun`.
@@ -209,9 +222,10 @@ def train_sharded(strategy: str, model_fn, x: torch.Tensor, y: torch.Tensor, *, 
     validate.check_int("accumulation", accumulation, 1)
     if accumulation > 1 and strategy in ("torch_zero", "fsdp2"):
         raise ValueError(f"accumulation > 1 is supported for ddp, zero1, zero2 and zero3, not {strategy!r}")
+    backend = default_backend(world_size) if backend is None else backend
     results = launch(_worker, world_size, args=(strategy, model_fn, x, y, steps, optimizer_class,
                                                 optimizer_kwargs, accumulation, measure_memory, loss_fn),
-                     timeout=timeout)
+                     backend=backend, timeout=timeout)
     return ShardedRun(strategy, world_size, results[0]["state_dict"], results[0]["losses"],
                       [r["times"] for r in results], [r["memory"] for r in results])
 

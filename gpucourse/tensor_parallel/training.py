@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..data import TinyGPT, TinyText
-from ..runtime import launch
+from ..runtime import default_backend, launch, rank_device
 from ..runtime import check_int, check_positive
 from .meter import comm_meter
 from .transformer import tensor_parallel_gpt
@@ -59,12 +59,13 @@ def train_tinygpt(config: dict, *, steps: int = 20, batch_size: int = 8, lr: flo
 def _worker_2d(rank, world_size, config, tp, dp, steps, batch_size, lr, seed, text_chars):
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    device = rank_device()                      # the CPU under gloo, cuda:<rank> under NCCL
+    mesh = init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
     tp_group, dp_group = mesh.get_group("tp"), mesh.get_group("dp")
     dp_rank = mesh.get_local_rank("dp")
     data = TinyText(text_chars, seed)
     torch.manual_seed(seed)
-    model = tensor_parallel_gpt(TinyGPT(**config), tp_group)           # the same full model everywhere
+    model = tensor_parallel_gpt(TinyGPT(**config).to(device), tp_group)  # the same full model everywhere
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     with comm_meter() as meter:
@@ -72,7 +73,7 @@ def _worker_2d(rank, world_size, config, tp, dp, steps, batch_size, lr, seed, te
             x, y = data.batch(batch_size, config["seq_len"], step)     # the global batch ...
             rows = torch.tensor_split(torch.arange(batch_size), dp)[dp_rank]
             share = len(rows) / batch_size                             # ... and this dp rank's rows
-            loss = model.loss(x[rows], y[rows]) * share
+            loss = model.loss(x[rows].to(device), y[rows].to(device)) * share
             opt.zero_grad(set_to_none=True)
             loss.backward()
             flat = torch.cat([p.grad.flatten() for p in model.parameters()] + [loss.detach().view(1)])
@@ -89,7 +90,8 @@ def _worker_2d(rank, world_size, config, tp, dp, steps, batch_size, lr, seed, te
 
 
 def train_tinygpt_2d(config: dict, *, tp: int, dp: int, steps: int = 20, batch_size: int = 8, lr: float = 3e-3,
-                     seed: int = 0, text_chars: int = 20_000, timeout: float = 120.0) -> list[dict]:
+                     seed: int = 0, text_chars: int = 20_000, timeout: float = 120.0,
+                     backend: str | None = None) -> list[dict]:
     """Train ``TinyGPT(**config)`` on ``dp × tp`` processes (2-D mesh); one dict per rank.
 
     Each dict holds ``losses`` (the global batch's loss per step, as :func:`train_tinygpt` returns it),
@@ -105,6 +107,9 @@ def train_tinygpt_2d(config: dict, *, tp: int, dp: int, steps: int = 20, batch_s
         >>> [round(a - b, 4) for a, b in zip(runs[0]["losses"], ref)]
         [0.0, 0.0]
 
+    ``backend``: ``"gloo"`` (CPU) or ``"nccl"`` (rank ``r`` on ``cuda:r``); default
+    :func:`~gpucourse.default_backend` for ``tp × dp`` ranks (NCCL with a GPU per rank, else gloo).
+
     .. warning::
         The losses match one process up to floating-point rounding (sums in a different order),
         not bit for bit; over many steps the difference can grow.
@@ -114,8 +119,9 @@ def train_tinygpt_2d(config: dict, *, tp: int, dp: int, steps: int = 20, batch_s
     _check(steps, batch_size, lr)
     if batch_size < dp:
         raise ValueError(f"batch_size ({batch_size}) must be >= dp ({dp}): every data-parallel rank needs a row")
+    backend = default_backend(tp * dp) if backend is None else backend
     return launch(_worker_2d, tp * dp, args=(dict(config), tp, dp, steps, batch_size, lr, seed, text_chars),
-                  timeout=timeout)
+                  backend=backend, timeout=timeout)
 
 
 def _check(steps, batch_size, lr):
