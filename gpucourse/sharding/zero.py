@@ -39,6 +39,9 @@ order 1), which 3 AdamW steps carry to at most ~4e-7 on the parameters (the test
 
 from __future__ import annotations
 
+import functools
+import weakref
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -189,6 +192,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._last_used: list[bool] | None = None
         self._build()
         self._built = True
+        _LIVE.add(self)
+        _guard_torch_clipping()
 
     def _build(self) -> None:
         """1) the flat buffer, this rank's shard, and the inner optimizer on its pieces."""
@@ -438,8 +443,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
         ``torch.nn.utils.clip_grad_norm_(model.parameters(), …)`` does not work here — before
         ``step()`` each rank holds its own un-averaged gradients (stage 1), or none (stage 2: it
-        returns 0.0) — and in stage 1 ``step()`` refuses gradients scaled since backward by
-        factors that differ between the ranks (what torch's function does when it clips).
+        would return 0.0) — so it raises on a ZeroOptimizer's parameters, naming this method; and
+        in stage 1 ``step()`` still refuses gradients scaled since backward by factors that differ
+        between the ranks (a reference to torch's function taken before the optimizer existed).
 
         Example::
 
@@ -475,6 +481,22 @@ class ZeroOptimizer(torch.optim.Optimizer):
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         grad.mul_(coef)
         return total
+
+    def clip_grad_value_(self, clip_value: float) -> None:
+        """Clamp the averaged gradients to ``[-clip_value, clip_value]``, as DDP + torch's does.
+
+        ``torch.nn.utils.clip_grad_value_`` on a DDP model clamps the *averaged* gradients, element
+        by element. Here it averages them first (as :meth:`clip_grad_norm_` does) and clamps this
+        rank's slice: the same elements, the same result, bit for bit. Call it on every rank
+        after the last backward and before ``step()``.
+        """
+        clip_value = float(clip_value)
+        if not clip_value >= 0:
+            raise ValueError(f"clip_value must be a number >= 0, got {clip_value!r}")
+        self._finish_gradients()
+        self._averaged = True
+        if self.shard.grad is not None:
+            self.shard.grad.clamp_(-clip_value, clip_value)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the model's gradients and the shard's gradient, as ``torch.optim`` does.
@@ -576,6 +598,57 @@ class ZeroOptimizer(torch.optim.Optimizer):
         books.sync_options(self.param_groups, self.optimizer.param_groups)
         self.state = self.optimizer.state
         self._consolidated = None
+
+
+# --- torch's clipping functions on a ZeroOptimizer's parameters: refused, naming the right call ----
+
+_LIVE: "weakref.WeakSet[ZeroOptimizer]" = weakref.WeakSet()
+
+
+def _owner(parameters) -> "ZeroOptimizer | None":
+    ids = {id(p) for p in parameters}
+    return next((opt for opt in list(_LIVE) if any(id(p) in ids for p in opt.params)), None)
+
+
+def _guard_torch_clipping() -> None:
+    """Make ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` refuse a ZeroOptimizer's parameters.
+
+    Neither can work on them, and neither fails by itself: before ``step()`` a rank holds its own
+    un-averaged gradients (stage 1) — clamping them is not clamping the average — or none at all
+    (stage 2: the norm comes out 0.0 and nothing is clipped). The guard wraps the two functions
+    where PyTorch keeps them (``torch.nn.utils`` and ``torch.nn.utils.clip_grad``), once; on any
+    other parameters it calls PyTorch's own. A reference taken before the first ZeroOptimizer
+    was built (``from torch.nn.utils import clip_grad_norm_`` at the top of a script) is not
+    guarded: stage 1's step() still refuses a per-rank norm clip; stage 2 and value clipping are
+    then not detected (README table).
+    """
+    import torch.nn.utils as utils
+    import torch.nn.utils.clip_grad as clip_grad
+
+    for name, right in (("clip_grad_norm_", "opt.clip_grad_norm_(max_norm)"),
+                        ("clip_grad_value_", "opt.clip_grad_value_(clip_value)")):
+        original = getattr(utils, name, None)
+        if original is None or getattr(original, "_gpucourse_guarded", False):
+            continue
+
+        @functools.wraps(original)
+        def guarded(parameters, *args, _original=original, _name=name, _right=right, **kwargs):
+            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            opt = _owner(parameters)
+            if opt is not None:
+                held = ("its own un-averaged gradients" if opt.stage == 1
+                        else "none (they live in the optimizer's shard: the parameters' .grad are None)")
+                raise RuntimeError(
+                    f"torch.nn.utils.{_name} on the parameters of gc.ZeroOptimizer(stage={opt.stage}): before "
+                    f"step() each rank holds {held}, so it would not clip what DDP + torch's {_name} clips "
+                    f"(the averaged gradients) and would train differently without saying so. Call {_right} "
+                    "on every rank instead, after backward and before step().")
+            return _original(parameters, *args, **kwargs)
+
+        guarded._gpucourse_guarded = True
+        setattr(utils, name, guarded)
+        if getattr(clip_grad, name, None) is original:
+            setattr(clip_grad, name, guarded)
 
 
 def _per_element(value, piece) -> bool:

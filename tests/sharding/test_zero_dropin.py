@@ -107,10 +107,13 @@ def _torch_clip_on_zero(rank, world_size, stage, change):
     before = [p.detach().clone() for p in model.parameters()]
     x, y = batch(0, rank, world_size)
     F.mse_loss(model(x), y).backward()
+    # torch's function as a script holds it when it imported it before building the optimizer
+    # (`from torch.nn.utils import clip_grad_norm_` at the top): not guarded, caught at step()
+    early_clip = getattr(torch.nn.utils.clip_grad_norm_, "__wrapped__", torch.nn.utils.clip_grad_norm_)
     if change == "torch clip":
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)         # each rank by its own norm
+        early_clip(model.parameters(), 0.05)                               # each rank by its own norm
     elif change == "torch clip, never reached":
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e9)          # multiplies by 1.0 everywhere
+        early_clip(model.parameters(), 1e9)                                # multiplies by 1.0 everywhere
     elif change == "the same factor everywhere":
         for p in model.parameters():
             p.grad.mul_(0.5)
@@ -121,6 +124,66 @@ def _torch_clip_on_zero(rank, world_size, stage, change):
     except RuntimeError as e:
         return str(e), all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
     return "no error", None
+
+
+def _torch_clipping_called_on_zero(rank, world_size, stage, name, arg):
+    model = make_model()
+    opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=stage, lr=0.01)
+    x, y = batch(0, rank, world_size)
+    F.mse_loss(model(x), y).backward()
+    fn = getattr(torch.nn.utils, name) if name != "clip_grad.clip_grad_norm_" else \
+        torch.nn.utils.clip_grad.clip_grad_norm_
+    try:
+        fn(model.parameters(), arg)
+    except RuntimeError as e:
+        refused = str(e)
+    else:
+        refused = "not refused"
+    other = nn.Linear(3, 2)                               # a model the optimizer does not hold
+    other(torch.ones(1, 3)).sum().backward()
+    norm = torch.nn.utils.clip_grad_norm_(other.parameters(), 1e-3)       # torch's own, unchanged
+    return refused, norm.item() > 0 and other.weight.grad.norm().item() <= 1.01e-3
+
+
+@pytest.mark.parametrize("stage, name, arg", [(2, "clip_grad_norm_", 0.05), (1, "clip_grad_norm_", 0.05),
+                                              (2, "clip_grad.clip_grad_norm_", 0.05),
+                                              (1, "clip_grad_value_", 0.01), (2, "clip_grad_value_", 0.01)])
+def test_torch_clipping_on_zero_parameters_is_refused_at_the_call(stage, name, arg):
+    # stage 2: torch's clip_grad_norm_ used to return 0.0 and clip nothing, silently (issue 40);
+    # value clipping clamped each rank's own gradients, not their average — silently, in both stages
+    right = "opt.clip_grad_norm_(max_norm)" if "norm" in name else "opt.clip_grad_value_(clip_value)"
+    for refused, others_clipped in gc.launch(_torch_clipping_called_on_zero, 2, args=(stage, name, arg),
+                                             timeout=120):
+        assert right in refused and f"ZeroOptimizer(stage={stage})" in refused, refused
+        assert others_clipped                            # other parameters: PyTorch's function as ever
+
+
+def _value_clip_run(rank, world_size, way, clip):
+    model = make_model()
+    if way == "ddp":
+        model = DDP(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    else:
+        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01, weight_decay=0.1)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x), y).backward()
+        if way == "ddp":
+            torch.nn.utils.clip_grad_value_(model.parameters(), clip)
+        else:
+            opt.clip_grad_value_(clip)
+        opt.step()
+        opt.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_clip_grad_value_equals_ddp_and_torch_clip_bit_for_bit(stage):
+    ddp = gc.launch(_value_clip_run, 2, args=("ddp", 0.02), timeout=120)[0]
+    mine = gc.launch(_value_clip_run, 2, args=(stage, 0.02), timeout=120)[0]
+    unclipped = gc.launch(_value_clip_run, 2, args=("ddp", 1e9), timeout=120)[0]
+    assert all(torch.equal(a, b) for a, b in zip(ddp, mine))
+    assert not all(torch.equal(a, b) for a, b in zip(ddp, unclipped))     # the clamp acted
 
 
 def test_torch_clip_grad_norm_on_zero_stage1_is_refused_naming_the_right_call():
