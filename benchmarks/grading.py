@@ -7,7 +7,7 @@ by `python -m gpucourse grade --hidden --workers W` in a subprocess whose memory
 /proc every 0.1 s: the grader itself, its sandbox shepherds, and the judges (one per chapter: the
 course's solutions, with torch) — the students' kernels are limited by the sandbox and not counted.
 
-    python benchmarks/grading.py                    # targets: ratio >= 1.6x, 0 mis-graded
+    python benchmarks/grading.py                    # targets: ratio >= 1.8x (issue 41), 0 mis-graded
     python benchmarks/grading.py --nbgrader         # also time `nbgrader autograde` on the same class
     python benchmarks/grading.py --chapters 00 03   # another selection (10 notebooks per chapter)
 
@@ -29,6 +29,7 @@ import nbformat
 from nbformat.v4 import new_code_cell
 
 ROOT = Path(__file__).resolve().parents[1]
+TARGET = 1.8          # 2 workers' throughput / 1 worker's (issue 41; 1.6 before)
 sys.path.insert(0, str(ROOT / "tests" / "grading"))
 
 from make_corpus import exercises, solved                               # noqa: E402
@@ -269,8 +270,8 @@ def main():
                           f"{', '.join(nb_bad[:12])}")
     ratio = results[1]["seconds"] / results[2]["seconds"]
     wrong = sum(len(misgraded(r["rows"], expected)) for r in results.values())
-    ok = ratio >= 1.6 and wrong == 0
-    print(f"throughput ratio 2 workers / 1 worker: {ratio:.2f}x (target >= 1.6x); mis-graded {wrong} "
+    ok = ratio >= TARGET and wrong == 0
+    print(f"throughput ratio 2 workers / 1 worker: {ratio:.2f}x (target >= {TARGET}x); mis-graded {wrong} "
           f"(target 0): {'MET' if ok else 'NOT MET'}")
     print("(2 cores shared with everything else on the machine: the ratio is noisy)")
     return 0 if ok else 1
