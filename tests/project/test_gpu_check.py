@@ -67,17 +67,22 @@ def _fake_course(root: Path) -> None:
     (root / "benchmarks" / "cpu_bench.py").write_text("raise SystemExit('must not run')\n")
 
 
-@pytest.mark.slow
-def test_pretended_cuda_report(tmp_path):
+def _check_fake_course(tmp_path: Path, *args: str):
+    """gpu_check on the fake course, CUDA pretended, 2 lessons at once: (result, report, report.md)."""
     root = tmp_path / "course"
     root.mkdir()
     _fake_course(root)
     out = tmp_path / "out"
-    r = _run("--pretend-cuda", "1", "--root", str(root), "--out", str(out), "--workers", "2",
-             "--time-limit", "150")
+    r = _run("--pretend-cuda", "1", "--root", str(root), "--out", str(out), "--workers", "2", *args)
+    report = out / "gpu_check_report.json"
+    return (r, json.loads(report.read_text()) if report.exists() else None,
+            (out / "gpu_check_report.md").read_text() if report.exists() else None)
+
+
+@pytest.mark.slow
+def test_pretended_cuda_report(tmp_path):
+    r, report, md = _check_fake_course(tmp_path, "--time-limit", "150")
     assert r.returncode == 1, r.stdout + r.stderr           # a lesson and a test failed
-    report = json.loads((out / "gpu_check_report.json").read_text())
-    md = (out / "gpu_check_report.md").read_text()
     assert {"started", "time_limit_s", "elapsed_s", "machine", "chapters", "items", "counts",
             "needs_newer_torch", "skipped_multigpu"} <= set(report)
     assert report["machine"]["gpus"][0]["name"] == "pretend GPU" and "python" in report["machine"]
@@ -112,16 +117,12 @@ def test_pretended_cuda_report(tmp_path):
 
 @pytest.mark.slow
 def test_a_second_call_can_re_check_only_the_lessons_that_failed(tmp_path):
-    root = tmp_path / "course"
-    root.mkdir()
-    _fake_course(root)
-    out = tmp_path / "out"
-    r = _run("--pretend-cuda", "1", "--root", str(root), "--out", str(out), "--workers", "2",
-             "--time-limit", "100", "--parts", "notebooks", "--chapters", "01,03")
+    r, report, _ = _check_fake_course(tmp_path, "--time-limit", "100", "--parts", "notebooks",
+                                      "--chapters", "01,03")
     assert r.returncode == 0, r.stdout + r.stderr         # 02 (broken) and the failing test not run
-    report = json.loads((out / "gpu_check_report.json").read_text())
     assert [it["name"] for it in report["items"]] == ["01_ok.ipynb", "03_new_api.ipynb"]
-    bad = _run("--pretend-cuda", "1", "--root", str(root), "--out", str(out), "--parts", "lessons")
+    bad = _run("--pretend-cuda", "1", "--root", str(tmp_path / "course"), "--out", str(tmp_path / "out"),
+               "--parts", "lessons")
     assert bad.returncode == 2 and "--parts takes tests, benchmarks and notebooks, not lessons" in bad.stderr
 
 

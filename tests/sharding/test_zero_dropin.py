@@ -27,13 +27,17 @@ def batch(step, rank, world_size):
     return x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
 
 
-def _clip_run(rank, world_size, way, max_norm, accumulation=1):
+def _ddp_or_zero(way):
+    """``(model, optimizer)``: DDP + AdamW for ``way="ddp"``, else ``gc.ZeroOptimizer(stage=way)``, same settings."""
     model = make_model()
     if way == "ddp":
         model = DDP(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-    else:
-        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01, weight_decay=0.1)
+        return model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    return model, gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01, weight_decay=0.1)
+
+
+def _clip_run(rank, world_size, way, max_norm, accumulation=1):
+    model, opt = _ddp_or_zero(way)
     norms = []
     for step in range(STEPS):
         x, y = batch(step, rank, world_size)
@@ -128,7 +132,8 @@ def _torch_clip_on_zero(rank, world_size, stage, change):
 
 def _torch_clipping_called_on_zero(rank, world_size, stage, name, arg):
     model = make_model()
-    opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=stage, lr=0.01)
+    # held in a variable: the guard knows only optimizers that are alive
+    opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=stage, lr=0.01)  # noqa: F841
     x, y = batch(0, rank, world_size)
     F.mse_loss(model(x), y).backward()
     fn = getattr(torch.nn.utils, name) if name != "clip_grad.clip_grad_norm_" else \
@@ -159,12 +164,7 @@ def test_torch_clipping_on_zero_parameters_is_refused_at_the_call(stage, name, a
 
 
 def _value_clip_run(rank, world_size, way, clip):
-    model = make_model()
-    if way == "ddp":
-        model = DDP(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
-    else:
-        opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01, weight_decay=0.1)
+    model, opt = _ddp_or_zero(way)
     for step in range(STEPS):
         x, y = batch(step, rank, world_size)
         F.mse_loss(model(x), y).backward()
