@@ -73,7 +73,8 @@ def _refuse_optimizer_of_the_unwrapped_model(optimizer, args, kwargs) -> None:
 
 def _refuse_groups_picked_by_name(optimizer) -> None:
     """An empty parameter group beside one holding shards: the groups were picked by parameter name
-    (``"bias" in name``) or by a test no shard passes, and matched nothing — ``named_parameters()``
+    (``"bias" in name``), by shape (``len(p.shape) >= 2``) or by another test no shard passes, and
+    matched nothing — ``named_parameters()``
     of a :class:`FullyShardedModule` names its flat shards ``shards.0``, ``shards.1``, … — so the
     other group's settings (its weight decay) would silently apply to every parameter."""
     groups = optimizer.param_groups
@@ -85,9 +86,10 @@ def _refuse_groups_picked_by_name(optimizer) -> None:
         shown = ", ".join(f"{k}={v}" for k, v in list(settings.items())[:3]) or "its settings"
         raise RuntimeError(
             f"{type(optimizer).__name__}: parameter group {i} is empty, while group {j} holds gc.FullyShardedModule's "
-            f"shards — groups picked by parameter name (\"bias\" in name) match nothing here, because "
-            f"named_parameters() names the flat shards shards.0, shards.1, … (each holds a whole unit's "
-            f"parameters), so group {j}'s {shown} would apply to every parameter. Put all of "
+            f"shards — groups picked by parameter name (\"bias\" in name) or by shape (len(p.shape) >= 2) "
+            f"match nothing here, because named_parameters() names the flat shards shards.0, shards.1, … and "
+            f"each is one 1-D tensor holding a whole unit's parameters, so group {j}'s {shown} would apply "
+            f"to every parameter. Put all of "
             "model.parameters() in one group, or choose groups per unit (model.shards[i]); FSDP2's "
             "fully_shard keeps each parameter's name and shape and can split them.")
 
@@ -576,10 +578,10 @@ class FullyShardedModule(nn.Module):
         per unit, so parameter groups can separate units but not the parameters inside one
         (no weight decay on a Linear's bias alone); FSDP2 shards each parameter and can. So that
         the usual ``p.dim() >= 2`` grouping does not silently decay nothing, a shard's ``dim()``
-        and ``ndim`` raise (its ``shape`` is ``(S,)``: grouping by ``len(p.shape)`` is not caught);
-        ``named_parameters()`` names the shards ``shards.0``, ``shards.1``, …, so a grouping by name
-        (``n.endswith("bias")``) leaves a group empty, and ``step()`` refuses an empty group beside
-        the shards.
+        and ``ndim`` raise; ``named_parameters()`` names the shards ``shards.0``, ``shards.1``, …
+        and a shard's ``shape`` is ``(S,)``, so a grouping by name (``n.endswith("bias")``) or by
+        ``len(p.shape)`` leaves a group empty, and ``step()`` refuses an empty group beside the
+        shards (code that drops empty groups before building the optimizer is not caught).
     """
 
     def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None,

@@ -40,6 +40,7 @@ order 1), which 3 AdamW steps carry to at most ~4e-7 on the parameters (the test
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 
 import torch
@@ -131,10 +132,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         model. Until ``step()`` each rank holds its *own, un-averaged* gradients (stage 1) or none
         at all (stage 2, where backward keeps only the averaged shard): to clip, call
         :meth:`clip_grad_norm_` (the global norm of the averaged gradients, as DDP +
-        ``torch.nn.utils.clip_grad_norm_``), never ``torch.nn.utils.clip_grad_norm_`` on the
-        model's parameters — it would clip each rank by its own norm (stage 1: ``step()`` refuses
-        gradients scaled since backward by factors that differ between the ranks) or see no
-        gradient and return 0.0 (stage 2).
+        ``torch.nn.utils.clip_grad_norm_``) or :meth:`clip_grad_value_`. PyTorch's
+        ``clip_grad_norm_`` / ``clip_grad_value_`` / ``clip_grads_with_norm_`` on the model's
+        parameters would clip each rank by its own gradients, or see none (stage 2): they raise at
+        the call, naming the right one, even when imported before the optimizer was built; a
+        per-rank clip written by hand is refused at ``step()`` (gradients scaled since backward
+        by factors that differ between the ranks).
         After ``step()`` (or :meth:`clip_grad_norm_`) the model's ``.grad`` in stage 1 hold partial
         sums of the reduce-scatter, not gradients. Every rank must call ``step()`` — it holds
         collectives — and ``clip_grad_norm_``, ``add_param_group`` and ``consolidate_state_dict``.
@@ -275,6 +278,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for p in self.params:
                 p.grad = None
         self._ready.clear()
+
+    def _holds_this_steps_gradients(self) -> bool:
+        """Stage 2, between backward and step(): the averaged gradients wait in the shard."""
+        return self.stage == 2 and self.shard.grad is not None and not self._stepped
 
     def _grad_ready(self, param) -> None:
         # one element of what backward wrote, to tell at step() whether the gradients were scaled
@@ -610,45 +617,93 @@ def _owner(parameters) -> "ZeroOptimizer | None":
     return next((opt for opt in list(_LIVE) if any(id(p) in ids for p in opt.params)), None)
 
 
-def _guard_torch_clipping() -> None:
-    """Make ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` refuse a ZeroOptimizer's parameters.
+def _refusal(function: str, opt: "ZeroOptimizer", right: str) -> RuntimeError:
+    held = ("its own un-averaged gradients" if opt.stage == 1
+            else "none (they live in the optimizer's shard: the parameters' .grad are None)")
+    return RuntimeError(
+        f"torch.nn.utils.{function} on the parameters of gc.ZeroOptimizer(stage={opt.stage}): before "
+        f"step() each rank holds {held}, so it would not clip what DDP + torch's {function} clips "
+        f"(the averaged gradients) and would train differently without saying so. Call {right} "
+        "on every rank instead, after backward and before step().")
 
-    Neither can work on them, and neither fails by itself: before ``step()`` a rank holds its own
-    un-averaged gradients (stage 1) — clamping them is not clamping the average — or none at all
-    (stage 2: the norm comes out 0.0 and nothing is clipped). The guard wraps the two functions
-    where PyTorch keeps them (``torch.nn.utils`` and ``torch.nn.utils.clip_grad``), once; on any
-    other parameters it calls PyTorch's own. A reference taken before the first ZeroOptimizer
-    was built (``from torch.nn.utils import clip_grad_norm_`` at the top of a script) is not
-    guarded: stage 1's step() still refuses a per-rank norm clip; stage 2 and value clipping are
-    then not detected (README table).
+
+_NORM, _VALUE = "opt.clip_grad_norm_(max_norm)", "opt.clip_grad_value_(clip_value)"
+
+
+def _guard_torch_clipping() -> None:
+    """Make PyTorch's gradient clipping refuse a ZeroOptimizer's parameters, naming the right call.
+
+    Neither ``clip_grad_norm_`` nor ``clip_grad_value_`` can work on them, and neither fails by
+    itself: before ``step()`` a rank holds its own un-averaged gradients (stage 1) — clamping them
+    is not clamping the average — or none at all (stage 2: the norm comes out 0.0 and nothing is
+    clipped). Installed once, when the first ZeroOptimizer is built; on any other parameters
+    PyTorch's own functions run unchanged. Two layers:
+
+    * the public names (``torch.nn.utils.clip_grad_norm_``, ``clip_grad_value_``,
+      ``clip_grads_with_norm_``, and the same in ``torch.nn.utils.clip_grad``) are wrapped;
+    * a reference taken before that (``from torch.nn.utils import clip_grad_norm_`` at the top of
+      a script) still runs PyTorch's function, which looks up its helpers in its module at every
+      call: ``clip_grad_norm_`` calls ``_clip_grads_with_norm_(parameters, …)``, and
+      ``clip_grad_value_`` / ``clip_grads_with_norm_`` call ``_group_tensors_by_device_and_dtype(
+      [grads])`` — those two helpers are wrapped in that module. The second sees gradients, not
+      parameters: a ZeroOptimizer's are recognised by identity (stage 1); an empty list from
+      ``clip_grad_value_`` while a stage-2 ZeroOptimizer holds this step's gradients in its shard
+      is refused too (its parameters' ``.grad`` are ``None``). Only an early reference to the
+      two-step ``clip_grads_with_norm_`` in stage 2 returns (clipping nothing) before any helper.
     """
     import torch.nn.utils as utils
     import torch.nn.utils.clip_grad as clip_grad
 
-    for name, right in (("clip_grad_norm_", "opt.clip_grad_norm_(max_norm)"),
-                        ("clip_grad_value_", "opt.clip_grad_value_(clip_value)")):
-        original = getattr(utils, name, None)
+    def wrap(module, name, make):
+        original = getattr(module, name, None)
         if original is None or getattr(original, "_gpucourse_guarded", False):
-            continue
-
-        @functools.wraps(original)
-        def guarded(parameters, *args, _original=original, _name=name, _right=right, **kwargs):
-            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-            opt = _owner(parameters)
-            if opt is not None:
-                held = ("its own un-averaged gradients" if opt.stage == 1
-                        else "none (they live in the optimizer's shard: the parameters' .grad are None)")
-                raise RuntimeError(
-                    f"torch.nn.utils.{_name} on the parameters of gc.ZeroOptimizer(stage={opt.stage}): before "
-                    f"step() each rank holds {held}, so it would not clip what DDP + torch's {_name} clips "
-                    f"(the averaged gradients) and would train differently without saying so. Call {_right} "
-                    "on every rank instead, after backward and before step().")
-            return _original(parameters, *args, **kwargs)
-
+            return original, None
+        guarded = functools.wraps(original)(make(original))
         guarded._gpucourse_guarded = True
-        setattr(utils, name, guarded)
-        if getattr(clip_grad, name, None) is original:
-            setattr(clip_grad, name, guarded)
+        setattr(module, name, guarded)
+        return original, guarded
+
+    def by_parameters(function, right):
+        def make(original):
+            def guarded(parameters, *args, **kwargs):
+                parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+                opt = _owner(parameters)
+                if opt is not None:
+                    raise _refusal(function, opt, right)
+                return original(parameters, *args, **kwargs)
+            return guarded
+        return make
+
+    # 1) the public names, wherever PyTorch keeps them
+    for function, right in (("clip_grad_norm_", _NORM), ("clip_grad_value_", _VALUE),
+                            ("clip_grads_with_norm_", _NORM)):
+        original, guarded = wrap(utils, function, by_parameters(function, right))
+        if guarded is not None and getattr(clip_grad, function, None) is original:
+            setattr(clip_grad, function, guarded)
+
+    # 2) the helpers PyTorch's functions look up at each call: early references pass through them
+    raw_value = getattr(getattr(clip_grad, "clip_grad_value_", None), "__wrapped__", None)
+    raw_value = getattr(raw_value, "__wrapped__", raw_value)          # past our wrapper and _no_grad
+    raw_with_norm = getattr(getattr(clip_grad, "_clip_grads_with_norm_", None), "__wrapped__", None)
+    codes = {id(getattr(f, "__code__", None)): right for f, right in ((raw_value, _VALUE), (raw_with_norm, _NORM))
+             if f is not None}
+    wrap(clip_grad, "_clip_grads_with_norm_", by_parameters("clip_grad_norm_", _NORM))
+
+    def grouping(original):
+        def guarded(tensorlistlist, *args, **kwargs):
+            caller = sys._getframe(1).f_code
+            right = codes.get(id(caller)) if _LIVE else None
+            if right is not None:
+                function = "clip_grad_value_" if right == _VALUE else "clip_grads_with_norm_"
+                grads = {id(g) for g in tensorlistlist[0]} if tensorlistlist else set()
+                for opt in list(_LIVE):
+                    if any(id(p.grad) in grads for p in opt.params if p.grad is not None) or (
+                            not grads and right == _VALUE and opt.stage == 2 and opt._holds_this_steps_gradients()):
+                        raise _refusal(function, opt, right)
+            return original(tensorlistlist, *args, **kwargs)
+        return guarded
+
+    wrap(clip_grad, "_group_tensors_by_device_and_dtype", grouping)
 
 
 def _per_element(value, piece) -> bool:

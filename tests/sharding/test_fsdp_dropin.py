@@ -517,10 +517,17 @@ def groups_by_name(model):
             {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
 
 
-def _grouped_by_name(rank, world_size, way):
+def groups_by_len_shape(model):
+    """nanoGPT's grouping, with len(p.shape) for p.dim(): decay the matrices, not the vectors."""
+    params = list(model.parameters())
+    return [{"params": [p for p in params if len(p.shape) >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if len(p.shape) < 2], "weight_decay": 0.0}]
+
+
+def _grouped_by_name(rank, world_size, way, grouping=groups_by_name):
     model = make_model()
     model = _fsdp2(model) if way == "fsdp2" else gc.FullyShardedModule(model)
-    opt = torch.optim.AdamW(groups_by_name(model), lr=0.01)
+    opt = torch.optim.AdamW(grouping(model), lr=0.01)
     try:
         for step in range(STEPS):
             x, y = batch(step, rank, world_size)
@@ -540,3 +547,13 @@ def test_weight_decay_groups_by_name_fail_loudly_instead_of_decaying_the_biases(
     for msg in gc.launch(_grouped_by_name, 2, args=("ours",), timeout=120):
         assert isinstance(msg, str), "an empty no-decay group beside the shards was not refused"
         assert "parameter group 1 is empty" in msg and "weight_decay=0.1" in msg and "shards.0" in msg, msg
+
+
+def test_weight_decay_groups_by_len_shape_fail_loudly_instead_of_decaying_nothing():
+    """``len(p.shape)`` is not caught as ``p.dim()`` is (a shard's shape is ``(S,)``): every shard
+    lands in the no-decay group, and step() refuses the empty decay group beside them."""
+    theirs, sizes = gc.launch(_grouped_by_name, 2, args=("fsdp2", groups_by_len_shape), timeout=120)[0]
+    assert sizes == [3, 3]                                    # FSDP2: three matrices, three biases
+    for msg in gc.launch(_grouped_by_name, 2, args=("ours", groups_by_len_shape), timeout=120):
+        assert isinstance(msg, str), "an empty decay group beside the shards was not refused"
+        assert "parameter group 0 is empty" in msg and "len(p.shape)" in msg and "weight_decay=0.0" in msg, msg

@@ -111,13 +111,15 @@ def _torch_clip_on_zero(rank, world_size, stage, change):
     before = [p.detach().clone() for p in model.parameters()]
     x, y = batch(0, rank, world_size)
     F.mse_loss(model(x), y).backward()
-    # torch's function as a script holds it when it imported it before building the optimizer
-    # (`from torch.nn.utils import clip_grad_norm_` at the top): not guarded, caught at step()
-    early_clip = getattr(torch.nn.utils.clip_grad_norm_, "__wrapped__", torch.nn.utils.clip_grad_norm_)
-    if change == "torch clip":
-        early_clip(model.parameters(), 0.05)                               # each rank by its own norm
-    elif change == "torch clip, never reached":
-        early_clip(model.parameters(), 1e9)                                # multiplies by 1.0 everywhere
+    # a clip written by hand (or by a library other than torch's clip_grad): each rank by the norm
+    # of its own un-averaged gradients, which no guard on torch's functions sees; step() refuses it
+    own_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    if change == "a per-rank clip by hand":
+        for p in model.parameters():
+            p.grad.mul_(min(1.0, 0.05 / own_norm.item()))
+    elif change == "a per-rank clip that is never reached":
+        for p in model.parameters():
+            p.grad.mul_(min(1.0, 1e9 / own_norm.item()))
     elif change == "the same factor everywhere":
         for p in model.parameters():
             p.grad.mul_(0.5)
@@ -163,6 +165,55 @@ def test_torch_clipping_on_zero_parameters_is_refused_at_the_call(stage, name, a
         assert others_clipped                            # other parameters: PyTorch's function as ever
 
 
+def _early(function):
+    """PyTorch's own function object, as a script holds it after `from torch.nn.utils import …` at
+    its top, before any ZeroOptimizer existed (unwrapped if this process already installed the guard)."""
+    return function.__wrapped__ if getattr(function, "_gpucourse_guarded", False) else function
+
+
+def _torch_clipping_imported_early(rank, world_size, stage, name):
+    functions = {n: _early(getattr(torch.nn.utils, n)) for n in
+                 ("clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_", "get_total_norm")}
+    model = make_model()
+    opt = gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=stage, lr=0.01)  # noqa: F841
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batch(0, rank, world_size)
+    F.mse_loss(model(x), y).backward()
+    grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+    try:
+        if name == "clip_grad_norm_":
+            functions[name](model.parameters(), 0.05)
+        elif name == "clip_grad_value_":
+            functions[name](model.parameters(), 0.01)
+        else:                                  # the two-step form (torch >= 2.6)
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            functions[name](model.parameters(), 0.05, functions["get_total_norm"](grads))
+    except RuntimeError as e:
+        refused = str(e)
+    else:
+        refused = "not refused"
+    untouched = all((p.grad is None) == (g is None) and (g is None or torch.equal(p.grad, g))
+                    for p, g in zip(model.parameters(), grads))
+    other = nn.Linear(3, 2)                               # a model the optimizer does not hold
+    other(torch.ones(1, 3)).sum().backward()
+    functions["clip_grad_value_"](other.parameters(), 1e-3)                # torch's own, unchanged
+    return refused, untouched and all(torch.equal(p, q) for p, q in zip(model.parameters(), before)), \
+        torch.allclose(other.weight.grad, torch.full((2, 3), 1e-3))         # ones, clamped
+
+
+@pytest.mark.parametrize("stage, name", [(1, "clip_grad_norm_"), (2, "clip_grad_norm_"), (1, "clip_grad_value_"),
+                                         (2, "clip_grad_value_"), (1, "clip_grads_with_norm_")])
+def test_torch_clipping_imported_before_the_optimizer_is_refused_at_the_call(stage, name):
+    """A script that imported torch's clipping before building the optimizer holds PyTorch's own
+    function: it is refused through the helpers PyTorch's function looks up at each call (stage 2's
+    norm used to be 0.0 and value clipping clamped per-rank gradients, silently: issue 40)."""
+    right = "opt.clip_grad_value_(clip_value)" if "value" in name else "opt.clip_grad_norm_(max_norm)"
+    for refused, untouched, others_clipped in gc.launch(_torch_clipping_imported_early, 2, args=(stage, name),
+                                                           timeout=120):
+        assert right in refused and f"ZeroOptimizer(stage={stage})" in refused, refused
+        assert untouched and others_clipped
+
+
 def _value_clip_run(rank, world_size, way, clip):
     model, opt = _ddp_or_zero(way)
     for step in range(STEPS):
@@ -186,16 +237,16 @@ def test_clip_grad_value_equals_ddp_and_torch_clip_bit_for_bit(stage):
     assert not all(torch.equal(a, b) for a, b in zip(ddp, unclipped))     # the clamp acted
 
 
-def test_torch_clip_grad_norm_on_zero_stage1_is_refused_naming_the_right_call():
-    for msg, untouched in gc.launch(_torch_clip_on_zero, 2, args=(1, "torch clip"), timeout=120):
+def test_a_per_rank_clip_by_hand_is_refused_at_step_naming_the_right_call():
+    for msg, untouched in gc.launch(_torch_clip_on_zero, 2, args=(1, "a per-rank clip by hand"), timeout=120):
         assert "opt.clip_grad_norm_(max_norm)" in msg and "scaled" in msg, msg
         assert untouched                                       # refused before anything changed
 
 
-@pytest.mark.parametrize("change", ["torch clip, never reached", "the same factor everywhere",
+@pytest.mark.parametrize("change", ["a per-rank clip that is never reached", "the same factor everywhere",
                                     "one gradient summed over ranks"])
 def test_gradient_changes_that_are_not_a_per_rank_clip_pass(change):
-    """Only a factor that differs between the ranks is refused: torch's clip that clips nothing,
+    """Only a factor that differs between the ranks is refused: a clip that clips nothing,
     a scale shared by all ranks, or an all-reduce of one gradient (a tied weight) train as DDP."""
     for msg, _ in gc.launch(_torch_clip_on_zero, 2, args=(1, change), timeout=120):
         assert msg == "no error"
