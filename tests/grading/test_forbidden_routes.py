@@ -148,3 +148,37 @@ def test_the_build_keeps_nothing_of_a_stripped_helper(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("ForbiddenCall gc.visible_devices is off limits in exercise 00.2"), r
     assert lines[1] == "ForbiddenCall" and lines[2] == "[2, 3, 3]", r
+
+
+#: an ordinary cell at the end of an honest notebook, using the helper 00.2 forbids: named (the
+#: grader sees it before running) or reached by a name it cannot see (found when the run meets it)
+AFTER_00 = {"named": "print('after:', gc.visible_devices('1,0'))",
+            "unseen": f"print('after:', {HELPER}('1,0'))"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_one_run_grades_an_honest_notebook_and_a_helper_used_outside_the_exercise_costs_a_second(tmp_path):
+    """Where one graded build serves every exercise of a chapter (00: it lacks gc.visible_devices,
+    which 00.2 forbids and no exercise needs), honest work is graded in one run with that build.
+    A cell outside the exercise that uses the helper is no error of the student's: the notebook is
+    then graded as before — an ordinary run, and 00.2 again without the helper — full marks both
+    ways, and the run that met the helper does not count (three runs where the name was unseen)."""
+    subs = tmp_path / "subs"
+    solved = ROOT / "solutions" / "00_setup_exercises.ipynb"
+    for student, extra in (("plain", None), *AFTER_00.items()):
+        nb = nbformat.read(solved, as_version=4)
+        if extra:
+            nb.cells.append(new_code_cell(extra))
+        (subs / student).mkdir(parents=True)
+        nbformat.write(nb, subs / student / solved.name)
+    out = tmp_path / "g.json"
+    grade([str(subs)], release=str(ROOT / "exercises"), hidden_from=str(ROOT / "solutions"), workers=2,
+          json_path=str(out), quiet=True, options=Options(cell_timeout=120, notebook_timeout=300))
+    data = json.loads(out.read_text())
+    runs = {n["student"]: n["runs"] for n in data["notebooks"]}
+    assert runs == {"plain": 1, "named": 2, "unseen": 3}, runs
+    for n in data["notebooks"]:
+        assert n["status"] == "graded" and not n["other_errors"] and not n["problem"], n
+    for r in data["rows"]:
+        assert (r["visible"], r["hidden"]) == ("✓", "✓"), r
