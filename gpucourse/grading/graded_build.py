@@ -15,6 +15,8 @@ original in a table, ``importlib.reload`` brought it back). So the grader remove
               └─► after the notebook's ordinary run, each group whose exercises passed runs again
                   (cut after its last check), in bwrap, with that copy bound read-only where the
                   package is; only that group's checks are collected from it, and their verdicts count
+                  — or, where one group holds every exercise and no other cell names what it
+                  strips, the whole notebook runs once with that copy (grade._one_build_for_all)
 
 So while an exercise that forbids ``gc.X`` is checked, ``gc.X``'s implementation is not in the
 kernel's reach at all: not on disk, not in memory. What remains is copying its source *text* into
