@@ -229,6 +229,26 @@ def nbgrader_class(tmp: Path, folder: Path, chapters: list[str]) -> dict:
     return {"seconds": seconds, "notebooks": graded, "scores": scores}
 
 
+def breakdown(r: dict) -> str:
+    """Where a grading run's time goes: the notebooks' own runs (sandbox, kernel, cells — a notebook
+    may be run more than once: a passing exercise that forbids a helper is checked in a run without
+    it) and the rest (the grader, and the judges: starting, drawing cases, running the course's
+    answers, comparing), from the gradebook's per-notebook records."""
+    books = r["notebooks"]
+    runs = sum(n.get("runs", 1) for n in books)
+    walls = sum(n.get("wall_seconds", 0.0) for n in books)
+    phase = {k: sum(n.get("phases", {}).get(k, 0.0) for n in books)
+             for k in ("shepherd_start", "kernel_start", "cells", "kernel_stop")}
+    by_runs = {}
+    for n in books:
+        by_runs[n.get("runs", 1)] = by_runs.get(n.get("runs", 1), 0) + 1
+    return (f"where the time goes: {len(books)} notebooks in {runs} runs "
+            f"({', '.join(f'{v} in {k}' for k, v in sorted(by_runs.items()))}), {walls:.0f} s of notebook runs "
+            f"(first runs: sandbox start {phase['shepherd_start']:.0f} s, kernel start {phase['kernel_start']:.0f} s, "
+            f"cells {phase['cells']:.0f} s, kernel stop {phase['kernel_stop']:.0f} s); the grader and the judges "
+            f"the rest of {r['seconds']:.0f} s (with 2 workers the runs overlap)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chapters", nargs="+", default=["00", "03", "12"])
@@ -252,6 +272,7 @@ def main():
                   f"(all together {m['total']:.0f} MB); mis-graded {len(bad)}", flush=True)
             for line in bad[:10]:
                 print("   ", line)
+            print("   ", breakdown(r), flush=True)
         if args.nbgrader:
             nb = nbgrader_class(tmp, folder, args.chapters)
             if "skipped" in nb:
