@@ -735,19 +735,24 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
         return _judge_slot(slot, rec, judges, release.chapter, slots_of_judge, nb,
                            submission=f"{sub.student}: {sub.path}")
 
-    # 0) with bwrap, the common case in one run: where one graded build serves every exercise (it lacks
-    #    every helper the chapter's exercises forbid, and no exercise needs one) and no cell outside a
-    #    check names one, the whole notebook runs once with that build; it counts unless a stripped
-    #    helper was reached (ForbiddenCall), and then the notebook is graded as in 1) and 2)
+    # 0) with bwrap, where every exercise is checked in a run without some helpers (the judge's plan has
+    #    no plain run) and one of those runs' builds lacks nothing a cell outside the checks names, the
+    #    whole notebook runs once with that build instead of as its student ran it: it counts unless a
+    #    stripped helper was reached (ForbiddenCall; then the notebook is graded as in 1) and 2)), and
+    #    only the plan's other groups are checked again (2); where the plan is one run, that is all
     record, tried = None, None
-    strip = _one_build_for_all(judges, release, nb, slots) if mode == "bwrap" else None
-    if strip:
-        tried = one_run(jobs, judges.build(release.chapter, strip))
+    first = _first_build(judges, release, nb, slots) if mode == "bwrap" else None
+    if first is not None:
+        tried = one_run(jobs, judges.build(release.chapter, first[0]))
         if not _reached_a_stripped_helper(tried):
             record = tried
     if record is not None:
         results = {slot.key: judged(slot, record) for slot in slots}
-        extra = []
+        if any(_names_forbidden_call(f"{r['error']} {r['message']}") for r in results.values()):
+            record = None                   # a check's own run (a rank) met a stripped helper
+    if record is not None:
+        extra = _recheck_without_helpers(judges, release, nb, slots, results, jobs, one_run, judged,
+                                         plan=first[1], done=first[0])
     else:
         # 1) the notebook as its student ran it: every check (a forbidden helper is behind the kernel's gate)
         record = one_run(jobs)
@@ -791,47 +796,62 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
     return Graded(sub, rows, "graded", others, problem, record)
 
 
-def _one_build_for_all(judges: "Judges", release: Release, nb, slots: list[Slot]) -> tuple[str, ...] | None:
-    """Step 0 of :func:`grade_notebook`: the helpers to strip when one graded build can grade the
-    whole notebook in one run — the judge's plan for this submission is a single run that strips
-    something and holds every exercise, and no code cell but the checks names a stripped helper
-    (a cell that reaches one through other course code is found when it runs: ForbiddenCall).
-    ``None``: grade as before, an ordinary run and then the stripped ones."""
+def _first_build(judges: "Judges", release: Release, nb, slots: list[Slot]) -> tuple[tuple[str, ...], dict] | None:
+    """Step 0 of :func:`grade_notebook`: ``(helpers to strip, the judge's plan)`` when the whole
+    notebook can run once with one of the plan's graded builds instead of as its student ran it —
+    the plan for this submission has no run that strips nothing and holds every exercise of the
+    notebook; no exercise needs a helper that build strips (the plan's ``needs``: the helpers each
+    check and answer use, through other course code too); and no code cell but the checks names one
+    (a cell that reaches one otherwise is found when it runs: ForbiddenCall). ``None``: grade as before,
+    an ordinary run and then the stripped ones. Chapters 00, 01, 06, 08 and 10 are one such run."""
     submitted = {cid: _answer_sources(nb, cid) for cid in release.checks}
     plan = judges.plan(release.chapter, submitted)
     runs = plan.get("runs", [])
-    if len(runs) != 1 or not runs[0][0] or not {s.id for s in slots} <= set(runs[0][1]):
+    if not runs or any(not strip for strip, _ in runs) or \
+            not {s.id for s in slots} <= {e for _, members in runs for e in members}:
         return None
-    strip = tuple(runs[0][0])
+    if "needs" not in plan:
+        return None
+    needed = {n for names in plan["needs"].values() for n in names}
     sources = [c.source for c in nb.cells if c.cell_type == "code"
                and not c.source.lstrip().startswith(("# Check", "# Hidden"))]
-    return None if forbidden_uses(sources, list(strip)) else strip
+    strip = next((tuple(strip) for strip, _ in runs if not set(strip) & needed
+                  and not forbidden_uses(sources, list(strip))), None)
+    return None if strip is None else (strip, plan)
 
 
 def _reached_a_stripped_helper(record: dict) -> bool:
     """Whether a run met ``ForbiddenCall`` anywhere: in a cell, or as the run's fatal error."""
     texts = [record.get("fatal") or "", *(f"{row.get('error', '')} {row.get('message', '')}"
                                          for row in record.get("cells", []))]
-    return any("ForbiddenCall" in t or "off limits in exercise" in t for t in texts)
+    return any(_names_forbidden_call(t) for t in texts)
+
+
+def _names_forbidden_call(text: str) -> bool:
+    return "ForbiddenCall" in text or "off limits in exercise" in text
 
 
 def _recheck_without_helpers(judges: "Judges", release: Release, nb, slots: list[Slot], results: dict,
-                             jobs: dict, one_run, judged) -> list[dict]:
+                             jobs: dict, one_run, judged, *, plan: dict | None = None,
+                             done: tuple[str, ...] = ()) -> list[dict]:
     """Step 2 of :func:`grade_notebook`: each group of passed exercises that forbid a helper, run
     again with a graded build that lacks the helpers the group forbids (see :mod:`.graded_build`).
     A failed check needs no second run: a package with less in it cannot turn it into a pass that
-    counts. Returns the extra runs' records; ``results`` is updated in place."""
+    counts. ``plan``: the judge's plan, if asked already; ``done``: the helpers of a group whose
+    verdicts came from a run without them already (step 0). Returns the extra runs' records;
+    ``results`` is updated in place."""
     passed = {cid for cid in release.checks
               if all(results[s.key]["passed"] for s in slots if s.id == cid)}
     if not passed:
         return []
-    submitted = {cid: _answer_sources(nb, cid) for cid in release.checks}
-    plan = judges.plan(release.chapter, submitted)
+    if plan is None:
+        submitted = {cid: _answer_sources(nb, cid) for cid in release.checks}
+        plan = judges.plan(release.chapter, submitted)
     forbidding = {e for names in plan.get("exercises_of", {}).values() for e in names}
     records = []
     for strip, members in plan["runs"]:
         todo = [e for e in members if e in passed and e in forbidding]
-        if not strip or not todo:
+        if not strip or not todo or tuple(strip) == tuple(done):
             continue
         mine = {i: j for i, j in jobs.items() if j["slot"].split("/")[0] in todo}
         if not mine:

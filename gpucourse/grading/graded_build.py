@@ -15,8 +15,10 @@ original in a table, ``importlib.reload`` brought it back). So the grader remove
               └─► after the notebook's ordinary run, each group whose exercises passed runs again
                   (cut after its last check), in bwrap, with that copy bound read-only where the
                   package is; only that group's checks are collected from it, and their verdicts count
-                  — or, where one group holds every exercise and no other cell names what it
-                  strips, the whole notebook runs once with that copy (grade._one_build_for_all)
+                  — or, where every group strips something, the notebook's first run is made
+                  whole with one group's copy (one that no exercise needs and no other cell
+                  names) and stands for the ordinary run; only the other groups run again
+                  (grade._first_build)
 
 So while an exercise that forbids ``gc.X`` is checked, ``gc.X``'s implementation is not in the
 kernel's reach at all: not on disk, not in memory. What remains is copying its source *text* into
@@ -330,5 +332,6 @@ def plan_for(nb, specs: dict, submitted: dict[str, list[str]] | None = None) -> 
                 reachable(_named_as_gc(sources, candidates)) - forbids[exercise])
     runs = plan_runs(forbids, needs)
     return {"runs": [[list(strip), members] for strip, members in runs], "gated": gated,
+            "needs": {e: sorted(n) for e, n in needs.items()},
             "exercises_of": {n: sorted(e for e, f in forbids.items() if n in f)
                              for strip, _ in runs for n in strip}}

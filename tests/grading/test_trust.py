@@ -65,6 +65,22 @@ def test_untouched_releases_get_zero_for_not_implemented(graded_course, chapter)
         assert "tamper" not in json.dumps(r)
 
 
+#: runs of an honest notebook: one where a graded build serves every exercise; where the judge's plan
+#: has groups that each strip something, one per group (the first runs whole); where an exercise
+#: needs a helper another forbids, the notebook as run plus one stripped re-check per group
+HONEST_RUNS = {"00": 1, "01": 1, "06": 1, "08": 1, "10": 1, "05": 2, "11": 2, "09": 3,
+               "02": 2, "03": 2, "04": 2, "07": 2, "12": 2}
+
+
+@pytest.mark.slow
+def test_honest_work_takes_the_fewest_runs_and_untouched_work_one(graded_course):
+    _, data = graded_course
+    runs = {n["student"]: n["runs"] for n in data["notebooks"]}
+    assert {c: runs[f"honest-{c}"] for c in HONEST_RUNS} == HONEST_RUNS
+    assert {s: r for s, r in runs.items() if s.startswith("untouched")} == \
+        {f"untouched-{p.name[:2]}": 1 for p in SOLUTIONS}
+
+
 @pytest.mark.slow
 def test_the_class_exit_status_and_seed(graded_course):
     code, data = graded_course
