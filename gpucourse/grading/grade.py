@@ -740,7 +740,7 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
     #    whole notebook runs once with that build instead of as its student ran it: it counts unless a
     #    stripped helper was reached (ForbiddenCall; then the notebook is graded as in 1) and 2)), and
     #    only the plan's other groups are checked again (2); where the plan is one run, that is all
-    record, tried = None, None
+    record, tried, uncounted = None, None, 0
     first = _first_build(judges, release, nb, slots) if mode == "bwrap" else None
     if first is not None:
         tried = one_run(jobs, judges.build(release.chapter, first[0]))
@@ -764,13 +764,13 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
             if mode == "bwrap" else []
         if tried is not None:               # its time counts (what it met does not: it does not count)
             record["wall_seconds"] = round(record.get("wall_seconds", 0.0) + tried.get("wall_seconds", 0.0), 3)
-            record["runs_before"] = 1
+            uncounted = 1
     for rec in extra:
         record["wall_seconds"] = round(record.get("wall_seconds", 0.0) + rec.get("wall_seconds", 0.0), 3)
         for key in ("fatal", "limits_hit"):
             if rec.get(key):
                 record.setdefault("limits_hit", []).extend([rec[key]] if key == "fatal" else rec[key])
-    record["runs"] = 1 + len(extra) + record.pop("runs_before", 0)
+    record["runs"] = 1 + len(extra) + uncounted
     results = [results[slot.key] for slot in slots]
     graded_cells = {s.index for s in slots}
     cells = record["cells"]
@@ -807,10 +807,8 @@ def _first_build(judges: "Judges", release: Release, nb, slots: list[Slot]) -> t
     submitted = {cid: _answer_sources(nb, cid) for cid in release.checks}
     plan = judges.plan(release.chapter, submitted)
     runs = plan.get("runs", [])
-    if not runs or any(not strip for strip, _ in runs) or \
+    if not runs or "needs" not in plan or any(not strip for strip, _ in runs) or \
             not {s.id for s in slots} <= {e for _, members in runs for e in members}:
-        return None
-    if "needs" not in plan:
         return None
     needed = {n for names in plan["needs"].values() for n in names}
     sources = [c.source for c in nb.cells if c.cell_type == "code"

@@ -628,6 +628,7 @@ def _refusal(function: str, opt: "ZeroOptimizer", right: str) -> RuntimeError:
 
 
 _NORM, _VALUE = "opt.clip_grad_norm_(max_norm)", "opt.clip_grad_value_(clip_value)"
+_clipping_guarded = False
 
 
 def _guard_torch_clipping() -> None:
@@ -651,6 +652,10 @@ def _guard_torch_clipping() -> None:
       is refused too (its parameters' ``.grad`` are ``None``). Only an early reference to the
       two-step ``clip_grads_with_norm_`` in stage 2 returns (clipping nothing) before any helper.
     """
+    global _clipping_guarded
+    if _clipping_guarded:                 # every ZeroOptimizer calls this; the wrapping happens once
+        return
+    _clipping_guarded = True
     import torch.nn.utils as utils
     import torch.nn.utils.clip_grad as clip_grad
 
@@ -685,14 +690,14 @@ def _guard_torch_clipping() -> None:
     raw_value = getattr(getattr(clip_grad, "clip_grad_value_", None), "__wrapped__", None)
     raw_value = getattr(raw_value, "__wrapped__", raw_value)          # past our wrapper and _no_grad
     raw_with_norm = getattr(getattr(clip_grad, "_clip_grads_with_norm_", None), "__wrapped__", None)
-    codes = {id(getattr(f, "__code__", None)): right for f, right in ((raw_value, _VALUE), (raw_with_norm, _NORM))
-             if f is not None}
+    codes = {f.__code__: right for f, right in ((raw_value, _VALUE), (raw_with_norm, _NORM))
+             if hasattr(f, "__code__")}
     wrap(clip_grad, "_clip_grads_with_norm_", by_parameters("clip_grad_norm_", _NORM))
 
     def grouping(original):
         def guarded(tensorlistlist, *args, **kwargs):
             caller = sys._getframe(1).f_code
-            right = codes.get(id(caller)) if _LIVE else None
+            right = codes.get(caller) if _LIVE else None
             if right is not None:
                 function = "clip_grad_value_" if right == _VALUE else "clip_grads_with_norm_"
                 grads = {id(g) for g in tensorlistlist[0]} if tensorlistlist else set()
