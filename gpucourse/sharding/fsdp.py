@@ -39,6 +39,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import math
+import os
 import sys
 
 import torch
@@ -177,14 +179,97 @@ class _Unit:
             setattr(owner, leaf, None)
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _from_user_code(depth: int) -> bool:
+    """Is the frame ``depth`` levels up outside torch and gpucourse (a script, a notebook cell)?"""
+    name = sys._getframe(depth + 1).f_code.co_filename
+    return not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIR))
+
+
+def _grouping_message(what: str, holds: str) -> str:
+    return (f"{what} of a gc.FullyShardedModule parameter: each one is a flat 1-D shard of a whole unit's "
+            f"parameters — this one holds {holds} — so it cannot tell a weight matrix from a bias, and "
+            "parameter groups built from it (weight decay on p.dim() >= 2 or len(p.shape) >= 2, none on "
+            "names with 'bias' in them) would silently decay nothing, or everything. "
+            "Parameter groups can separate units, not the parameters inside one: put all of "
+            "model.parameters() in one group (weight decay on every parameter), or choose groups per unit "
+            "(model.shards[i]) yourself; FSDP2's fully_shard keeps each parameter's shape and name and can "
+            "split them.")
+
+
+class _ShardShape(tuple):
+    """What ``p.shape`` / ``p.size()`` of a shard gives user code: ``torch.Size``'s values, printed
+    as one, but ``len()`` raises (``torch.Size`` cannot be subclassed). A ``TypeError``, so that
+    ``list(p.shape)`` and ``[*p.shape]`` — which ask ``len()`` only for a hint — still work."""
+
+    def __len__(self):
+        raise TypeError(_grouping_message("len(p.shape) (or len(p.size()))", self._holds))
+
+    def numel(self) -> int:
+        return math.prod(self)
+
+    def __repr__(self):
+        return f"torch.Size({list(self)!r})"
+
+    def __reduce__(self):                     # saved as the torch.Size it stands for
+        return torch.Size, (tuple(self),)
+
+
+def _shard_shape(size, holds: str) -> _ShardShape:
+    shape = _ShardShape(size)
+    shape._holds = holds
+    return shape
+
+
+def _shard_name(name: str, holds: str) -> "_ShardName":
+    name = _ShardName(name)
+    name._holds = holds
+    return name
+
+
+class _ShardName(str):
+    """A shard's name, as ``FullyShardedModule.named_parameters()`` gives it to user code:
+    ``shards.0`` names a unit, not a parameter, so a test for ``"bias"`` in it refuses instead of
+    matching nothing (a no-decay group that comes out empty and is dropped would leave every bias
+    decayed)."""
+
+    def _refuse(self, what):
+        raise TypeError(_grouping_message(f"{what} on the name {str(self)!r}", self._holds))
+
+    def __contains__(self, part):
+        self._refuse(f"{part!r} in name")
+
+    def endswith(self, *args):
+        self._refuse(f"name.endswith{args!r}".replace(",)", ")"))
+
+    def startswith(self, *args):
+        self._refuse(f"name.startswith{args!r}".replace(",)", ")"))
+
+    def split(self, *args, **kwargs):
+        self._refuse("name.split(...)")
+
+    def rsplit(self, *args, **kwargs):
+        self._refuse("name.rsplit(...)")
+
+    def lower(self):
+        return _shard_name(str.lower(self), self._holds)
+
+    def __reduce__(self):                     # saved (an optimizer's param_names) as a plain str
+        return str, (str(self),)
+
+
 class _FlatShard(nn.Parameter):
     """A unit's shard: one flat 1-D slice of *all* the unit's parameters (a Linear's weight and bias).
 
-    Its ``dim()`` (``ndim``, ``ndimension()``) raises instead of answering 1: the usual weight-decay
-    grouping ``[p for p in model.parameters() if p.dim() >= 2]`` would put every shard in the
-    no-decay group and silently train without weight decay (FSDP2 keeps each parameter's shape and
-    decays its matrices). Everything else — optimizers, ``numel()``, ``shape`` — works as on a 1-D
-    parameter.
+    The usual weight-decay groupings — ``p.dim() >= 2``, ``len(p.shape) >= 2``, ``"bias" in name``
+    — would put every shard in one group and silently train without weight decay, or with it on
+    the biases (FSDP2 keeps each parameter's shape and name). So, asked from user code, a shard's
+    ``dim()`` (``ndim``, ``ndimension()``) raises, ``len()`` of its ``shape`` / ``size()`` raises,
+    and its name from ``named_parameters()`` refuses substring tests. Everything else — optimizers,
+    ``numel()``, ``shape[0]``, printing the shape — works as on a 1-D parameter.
     """
 
     _holds = "a unit"
@@ -203,15 +288,7 @@ class _FlatShard(nn.Parameter):
                 "gc.FullyShardedModule (its parameters are flat shards, not FSDP2's DTensors): load the "
                 "unsharded model's state dict on every rank with model.load_state_dict(full) — "
                 "get_model_state_dict(model) and model.state_dict() give it")
-        raise RuntimeError(
-            f"{what} of a gc.FullyShardedModule parameter: each one is a flat 1-D shard of a whole unit's "
-            f"parameters — this one holds {self._holds} — so p.dim() cannot tell a weight matrix from a "
-            "bias, and parameter groups built from it (weight decay on p.dim() >= 2) would silently decay "
-            "nothing. "
-            "Parameter groups can separate units, not the parameters inside one: put all of "
-            "model.parameters() in one group (weight decay on every parameter), or choose groups per unit "
-            "(model.shards[i]) yourself; FSDP2's fully_shard keeps each parameter's shape and can split "
-            "them.")
+        raise RuntimeError(_grouping_message(what, self._holds))
 
     def dim(self):
         self._refuse("p.dim()")
@@ -222,6 +299,18 @@ class _FlatShard(nn.Parameter):
     @property
     def ndim(self):
         self._refuse("p.ndim")
+
+    @property
+    def shape(self):
+        shape = super().shape
+        if not _from_user_code(1):
+            return shape
+        return _shard_shape(shape, self._holds)
+
+    def size(self, dim=None):
+        if dim is not None or not _from_user_code(1):
+            return super().size() if dim is None else super().size(dim)
+        return _shard_shape(super().size(), self._holds)
 
     def __repr__(self):
         return f"FullyShardedModule shard of {self._holds}:\n{self.detach()!r}"
@@ -577,11 +666,12 @@ class FullyShardedModule(nn.Module):
         ``parameters()``, which sees this rank's shards only. The optimizer sees one flat shard
         per unit, so parameter groups can separate units but not the parameters inside one
         (no weight decay on a Linear's bias alone); FSDP2 shards each parameter and can. So that
-        the usual ``p.dim() >= 2`` grouping does not silently decay nothing, a shard's ``dim()``
-        and ``ndim`` raise; ``named_parameters()`` names the shards ``shards.0``, ``shards.1``, …
-        and a shard's ``shape`` is ``(S,)``, so a grouping by name (``n.endswith("bias")``) or by
-        ``len(p.shape)`` leaves a group empty, and ``step()`` refuses an empty group beside the
-        shards (code that drops empty groups before building the optimizer is not caught).
+        the usual groupings do not silently decay nothing (or every bias), they refuse: a shard's
+        ``dim()`` and ``ndim`` raise, so does ``len()`` of its ``shape`` (which still prints and
+        indexes as ``(S,)``), and the names ``named_parameters()`` gives (``shards.0``,
+        ``shards.1``, …) refuse ``"bias" in n`` and ``n.endswith(…)``. Names that an enclosing
+        module builds are plain strings: such a test matches nothing, and ``step()`` refuses the
+        empty group beside the shards (dropped before the optimizer is built, it is not caught).
     """
 
     def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None,
@@ -778,6 +868,17 @@ class FullyShardedModule(nn.Module):
         return value
 
     # -- gradient accumulation without communication, as FSDP2 / DDP ------------------------------
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        """``nn.Module.named_parameters``: the shards, named ``shards.0``, ``shards.1``, … — each names a
+        unit, not a parameter. Given to user code, a shard's name refuses substring tests
+        (``"bias" in n``, ``n.endswith("bias")``): they would match no shard, and a no-decay group
+        left empty and dropped would decay every bias in silence. ``full_names()`` lists the
+        wrapped model's own parameter names."""
+        named = super().named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
+        if not _from_user_code(1):
+            return named
+        return ((_shard_name(n, p._holds) if isinstance(p, _FlatShard) else n, p) for n, p in named)
+
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
         """FSDP2's switch: ``False`` — backward adds each unit's full (unsharded) gradient into a
         local buffer and sends nothing; the next backward with ``True`` adds its gradient to that

@@ -40,7 +40,7 @@ order 1), which 3 AdamW steps carry to at most ~4e-7 on the parameters (the test
 from __future__ import annotations
 
 import functools
-import sys
+import inspect
 import weakref
 
 import torch
@@ -278,10 +278,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for p in self.params:
                 p.grad = None
         self._ready.clear()
-
-    def _holds_this_steps_gradients(self) -> bool:
-        """Stage 2, between backward and step(): the averaged gradients wait in the shard."""
-        return self.stage == 2 and self.shard.grad is not None and not self._stepped
 
     def _grad_ready(self, param) -> None:
         # one element of what backward wrote, to tell at step() whether the gradients were scaled
@@ -638,19 +634,15 @@ def _guard_torch_clipping() -> None:
     itself: before ``step()`` a rank holds its own un-averaged gradients (stage 1) — clamping them
     is not clamping the average — or none at all (stage 2: the norm comes out 0.0 and nothing is
     clipped). Installed once, when the first ZeroOptimizer is built; on any other parameters
-    PyTorch's own functions run unchanged. Two layers:
+    PyTorch's own functions run unchanged.
 
-    * the public names (``torch.nn.utils.clip_grad_norm_``, ``clip_grad_value_``,
-      ``clip_grads_with_norm_``, and the same in ``torch.nn.utils.clip_grad``) are wrapped;
-    * a reference taken before that (``from torch.nn.utils import clip_grad_norm_`` at the top of
-      a script) still runs PyTorch's function, which looks up its helpers in its module at every
-      call: ``clip_grad_norm_`` calls ``_clip_grads_with_norm_(parameters, …)``, and
-      ``clip_grad_value_`` / ``clip_grads_with_norm_`` call ``_group_tensors_by_device_and_dtype(
-      [grads])`` — those two helpers are wrapped in that module. The second sees gradients, not
-      parameters: a ZeroOptimizer's are recognised by identity (stage 1); an empty list from
-      ``clip_grad_value_`` while a stage-2 ZeroOptimizer holds this step's gradients in its shard
-      is refused too (its parameters' ``.grad`` are ``None``). Only an early reference to the
-      two-step ``clip_grads_with_norm_`` in stage 2 returns (clipping nothing) before any helper.
+    A script may have imported the functions before that (``from torch.nn.utils import
+    clip_grad_norm_`` at its top), so rebinding the names is not enough. Each of PyTorch's
+    functions is a small ``_no_grad`` wrapper that calls the real function through its closure:
+    the guard goes into that closure, so every reference to ``clip_grad_norm_``,
+    ``clip_grad_value_`` and ``clip_grads_with_norm_``, old or new, checks its parameters. On a
+    torch whose functions are not built that way, the public names are rebound instead (a
+    reference taken earlier then escapes the check).
     """
     global _clipping_guarded
     if _clipping_guarded:                 # every ZeroOptimizer calls this; the wrapping happens once
@@ -659,56 +651,36 @@ def _guard_torch_clipping() -> None:
     import torch.nn.utils as utils
     import torch.nn.utils.clip_grad as clip_grad
 
-    def wrap(module, name, make):
-        original = getattr(module, name, None)
-        if original is None or getattr(original, "_gpucourse_guarded", False):
-            return original, None
-        guarded = functools.wraps(original)(make(original))
+    def guard(original, function, right):
+        @functools.wraps(original)
+        def guarded(parameters, *args, **kwargs):
+            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            opt = _owner(parameters)
+            if opt is not None:
+                raise _refusal(function, opt, right)
+            return original(parameters, *args, **kwargs)
         guarded._gpucourse_guarded = True
-        setattr(module, name, guarded)
-        return original, guarded
-
-    def by_parameters(function, right):
-        def make(original):
-            def guarded(parameters, *args, **kwargs):
-                parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-                opt = _owner(parameters)
-                if opt is not None:
-                    raise _refusal(function, opt, right)
-                return original(parameters, *args, **kwargs)
-            return guarded
-        return make
-
-    # 1) the public names, wherever PyTorch keeps them
-    for function, right in (("clip_grad_norm_", _NORM), ("clip_grad_value_", _VALUE),
-                            ("clip_grads_with_norm_", _NORM)):
-        original, guarded = wrap(utils, function, by_parameters(function, right))
-        if guarded is not None and getattr(clip_grad, function, None) is original:
-            setattr(clip_grad, function, guarded)
-
-    # 2) the helpers PyTorch's functions look up at each call: early references pass through them
-    raw_value = getattr(getattr(clip_grad, "clip_grad_value_", None), "__wrapped__", None)
-    raw_value = getattr(raw_value, "__wrapped__", raw_value)          # past our wrapper and _no_grad
-    raw_with_norm = getattr(getattr(clip_grad, "_clip_grads_with_norm_", None), "__wrapped__", None)
-    codes = {f.__code__: right for f, right in ((raw_value, _VALUE), (raw_with_norm, _NORM))
-             if hasattr(f, "__code__")}
-    wrap(clip_grad, "_clip_grads_with_norm_", by_parameters("clip_grad_norm_", _NORM))
-
-    def grouping(original):
-        def guarded(tensorlistlist, *args, **kwargs):
-            caller = sys._getframe(1).f_code
-            right = codes.get(caller) if _LIVE else None
-            if right is not None:
-                function = "clip_grad_value_" if right == _VALUE else "clip_grads_with_norm_"
-                grads = {id(g) for g in tensorlistlist[0]} if tensorlistlist else set()
-                for opt in list(_LIVE):
-                    if any(id(p.grad) in grads for p in opt.params if p.grad is not None) or (
-                            not grads and right == _VALUE and opt.stage == 2 and opt._holds_this_steps_gradients()):
-                        raise _refusal(function, opt, right)
-            return original(tensorlistlist, *args, **kwargs)
         return guarded
 
-    wrap(clip_grad, "_group_tensors_by_device_and_dtype", grouping)
+    for function, right, where in (("clip_grad_norm_", _NORM, "clip_grad_norm_"),
+                                   ("clip_grad_value_", _VALUE, "clip_grad_value_"),
+                                   ("clip_grads_with_norm_", _NORM, "_clip_grads_with_norm_")):
+        public = getattr(clip_grad, where, None)
+        if public is None:
+            continue
+        code, closure = getattr(public, "__code__", None), getattr(public, "__closure__", None) or ()
+        names = code.co_freevars if code is not None else ()
+        cell = closure[names.index("func")] if "func" in names else None
+        if cell is not None and inspect.isfunction(cell.cell_contents):
+            if not getattr(cell.cell_contents, "_gpucourse_guarded", False):
+                cell.cell_contents = guard(cell.cell_contents, function, right)
+            continue
+        guarded = guard(public, function, right)           # no closure to reach: rebind the names
+        for module in (utils, clip_grad):
+            if getattr(module, function, None) is public:
+                setattr(module, function, guarded)
+        if where != function and getattr(clip_grad, where, None) is public:
+            setattr(clip_grad, where, guarded)
 
 
 def _per_element(value, piece) -> bool:

@@ -524,36 +524,63 @@ def groups_by_len_shape(model):
             {"params": [p for p in params if len(p.shape) < 2], "weight_decay": 0.0}]
 
 
-def _grouped_by_name(rank, world_size, way, grouping=groups_by_name):
+def groups_by_name_from_outside(model):
+    """The same test on names an enclosing module gives (``outer.named_parameters()`` builds plain
+    strings: the shards' own names do not reach it)."""
+    named = list(nn.ModuleDict({"model": model}).named_parameters())
+    return [{"params": [p for n, p in named if not n.endswith("bias")], "weight_decay": 0.1},
+            {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
+
+
+def _grouped_by_name(rank, world_size, way, grouping=groups_by_name, drop_empty=False):
     model = make_model()
     model = _fsdp2(model) if way == "fsdp2" else gc.FullyShardedModule(model)
-    opt = torch.optim.AdamW(grouping(model), lr=0.01)
     try:
+        groups = grouping(model)
+        if drop_empty:                        # as some scripts do before building the optimizer
+            groups = [g for g in groups if g["params"]]
+        opt = torch.optim.AdamW(groups, lr=0.01)
         for step in range(STEPS):
             x, y = batch(step, rank, world_size)
             F.mse_loss(model(x), y).backward()
             opt.step()
             opt.zero_grad()
-    except RuntimeError as e:
+    except (RuntimeError, TypeError) as e:
         return str(e)
     return _full(model), [len(g["params"]) for g in opt.param_groups]
 
 
-def test_weight_decay_groups_by_name_fail_loudly_instead_of_decaying_the_biases():
+@pytest.mark.parametrize("drop_empty", [False, True])
+def test_weight_decay_groups_by_name_fail_loudly_instead_of_decaying_the_biases(drop_empty):
     """FSDP2 keeps each parameter's name, so ``n.endswith("bias")`` picks the biases; the flat shards'
-    names (shards.0, …) match nothing, and the biases were silently decayed with the matrices."""
-    theirs, sizes = gc.launch(_grouped_by_name, 2, args=("fsdp2",), timeout=120)[0]
+    names (shards.0, …) match nothing, and the biases were silently decayed with the matrices —
+    caught at step() when the empty group reached the optimizer, not at all when the script
+    dropped it. The name test itself now refuses."""
+    theirs, sizes = gc.launch(_grouped_by_name, 2, args=("fsdp2", groups_by_name, drop_empty), timeout=120)[0]
     assert sizes == [3, 3]                                    # FSDP2: three matrices, three biases
-    for msg in gc.launch(_grouped_by_name, 2, args=("ours",), timeout=120):
+    for msg in gc.launch(_grouped_by_name, 2, args=("ours", groups_by_name, drop_empty), timeout=120):
+        assert isinstance(msg, str), "a name test on a shard's name was not refused"
+        assert "name.endswith('bias') on the name 'shards.0'" in msg and "one group" in msg, msg
+
+
+def test_weight_decay_groups_by_name_from_an_enclosing_module_are_refused_at_step():
+    """Names built by an enclosing module are plain strings: the test matches nothing, and step()
+    refuses the empty no-decay group beside the shards (dropping it there is not detected)."""
+    for msg in gc.launch(_grouped_by_name, 2, args=("ours", groups_by_name_from_outside), timeout=120):
         assert isinstance(msg, str), "an empty no-decay group beside the shards was not refused"
         assert "parameter group 1 is empty" in msg and "weight_decay=0.1" in msg and "shards.0" in msg, msg
 
 
-def test_weight_decay_groups_by_len_shape_fail_loudly_instead_of_decaying_nothing():
-    """``len(p.shape)`` is not caught as ``p.dim()`` is (a shard's shape is ``(S,)``): every shard
-    lands in the no-decay group, and step() refuses the empty decay group beside them."""
-    theirs, sizes = gc.launch(_grouped_by_name, 2, args=("fsdp2", groups_by_len_shape), timeout=120)[0]
+@pytest.mark.parametrize("drop_empty", [False, True])
+def test_weight_decay_groups_by_len_shape_fail_loudly_instead_of_decaying_nothing(drop_empty):
+    """``len(p.shape)`` of a shard is ``1``, so every shard landed in the no-decay group: refused
+    at step() when the empty decay group reached the optimizer, silent when the script dropped it.
+    ``len()`` of a shard's shape now refuses; the shape itself still prints and indexes."""
+    theirs, sizes = gc.launch(_grouped_by_name, 2, args=("fsdp2", groups_by_len_shape, drop_empty),
+                              timeout=120)[0]
     assert sizes == [3, 3]                                    # FSDP2: three matrices, three biases
-    for msg in gc.launch(_grouped_by_name, 2, args=("ours", groups_by_len_shape), timeout=120):
-        assert isinstance(msg, str), "an empty decay group beside the shards was not refused"
-        assert "parameter group 0 is empty" in msg and "len(p.shape)" in msg and "weight_decay=0.0" in msg, msg
+    for msg in gc.launch(_grouped_by_name, 2, args=("ours", groups_by_len_shape, drop_empty), timeout=120):
+        assert isinstance(msg, str), "len(p.shape) of a shard was not refused"
+        assert msg.startswith("len(p.shape)") and "unit '0' (weight, bias)" in msg and "one group" in msg, msg
+
+

@@ -202,11 +202,14 @@ def _torch_clipping_imported_early(rank, world_size, stage, name):
 
 
 @pytest.mark.parametrize("stage, name", [(1, "clip_grad_norm_"), (2, "clip_grad_norm_"), (1, "clip_grad_value_"),
-                                         (2, "clip_grad_value_"), (1, "clip_grads_with_norm_")])
+                                         (2, "clip_grad_value_"), (1, "clip_grads_with_norm_"),
+                                         (2, "clip_grads_with_norm_")])
 def test_torch_clipping_imported_before_the_optimizer_is_refused_at_the_call(stage, name):
     """A script that imported torch's clipping before building the optimizer holds PyTorch's own
-    function: it is refused through the helpers PyTorch's function looks up at each call (stage 2's
-    norm used to be 0.0 and value clipping clamped per-rank gradients, silently: issue 40)."""
+    function object: it is refused at the call all the same (stage 2's norm used to be 0.0, and
+    value clipping clamped per-rank gradients, silently: issue 40). The two-step form in stage 2 —
+    get_total_norm of no gradients, 0.0, then clip_grads_with_norm_ — clipped nothing and was the
+    last route the guard missed."""
     right = "opt.clip_grad_value_(clip_value)" if "value" in name else "opt.clip_grad_norm_(max_norm)"
     for refused, untouched, others_clipped in gc.launch(_torch_clipping_imported_early, 2, args=(stage, name),
                                                            timeout=120):
