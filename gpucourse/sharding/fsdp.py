@@ -80,6 +80,7 @@ def _refuse_groups_picked_by_name(optimizer) -> None:
     of a :class:`FullyShardedModule` names its flat shards ``shards.0``, ``shards.1``, … — so the
     other group's settings (its weight decay) would silently apply to every parameter."""
     groups = optimizer.param_groups
+    _refuse_a_split_no_shard_can_follow(optimizer)
     holding = [i for i, g in enumerate(groups) if any(isinstance(p, _FlatShard) for p in g["params"])]
     empty = [i for i, g in enumerate(groups) if not g["params"]]
     if holding and empty:
@@ -94,6 +95,43 @@ def _refuse_groups_picked_by_name(optimizer) -> None:
             f"to every parameter. Put all of "
             "model.parameters() in one group, or choose groups per unit (model.shards[i]); FSDP2's "
             "fully_shard keeps each parameter's name and shape and can split them.")
+
+
+def _refuse_a_split_no_shard_can_follow(optimizer) -> None:
+    """Groups that treat plain vectors and matrices differently (no weight decay on biases and
+    norms), beside a shard holding both: the split was made per parameter — by a name test on
+    names an enclosing module built (``blocks.0.shards.0`` for a FullyShardedModule per block), or
+    by hand — and this shard's vectors get its group's decay, or its matrices miss it, unlike
+    FSDP2's. Refused: a shard's parameters can share only one group."""
+    groups = optimizer.param_groups
+
+    def decay(g):
+        return g.get("weight_decay", 0.0) or 0.0
+
+    seen = tuple((len(g["params"]), decay(g)) for g in groups)     # checked once per grouping
+    if getattr(optimizer, "_gpucourse_split_checked", None) == seen:
+        return
+
+    def plain(g, kind):
+        return [p for p in g["params"] if not isinstance(p, _FlatShard)
+                and ("vectors" if p.dim() < 2 else "matrices") == kind]
+
+    for j, g in enumerate(groups):
+        for shard in (p for p in g["params"] if isinstance(p, _FlatShard) and len(getattr(p, "_kinds", ())) > 1):
+            for kind in ("vectors", "matrices"):
+                other = next((i for i, h in enumerate(groups) if decay(h) != decay(g) and plain(h, kind)), None)
+                if other is None:
+                    continue
+                raise RuntimeError(
+                    f"{type(optimizer).__name__}: group {j} (weight_decay={decay(g)}) holds gc.FullyShardedModule's "
+                    f"shard of {shard._holds}, while group {other} (weight_decay={decay(groups[other])}) holds "
+                    f"{len(plain(groups[other], kind))} {kind} outside the shards: the groups split parameters one "
+                    f"by one (by name or by shape), but a shard is one flat tensor of its whole unit, so its {kind} "
+                    f"would get weight_decay={decay(g)} — unlike FSDP2, which shards each parameter. Names an "
+                    "enclosing module builds (blocks.0.shards.0) do not name the parameters in a shard. Wrap the "
+                    "whole model in one gc.FullyShardedModule (its named_parameters() refuse such tests), or put "
+                    "every parameter in one group.")
+    optimizer._gpucourse_split_checked = seen
 
 
 def _install_hook() -> None:
@@ -135,6 +173,7 @@ class _Unit:
         self.shard = _FlatShard(flat.view(world_size, -1)[rank].clone(), requires_grad=self.trainable)  # (S,)
         shown = ", ".join(self.names[:4]) + (" …" if len(self.names) > 4 else "")
         self.shard._holds = f"unit {path!r} ({shown})"          # for _FlatShard's messages
+        self.shard._kinds = {"vectors" if len(s) < 2 else "matrices" for s in self.shapes}
         self.compute_dtype = param_dtype or self.shard.dtype      # the shard stays the master copy
         self.full = None                    # the gathered (N·S,) buffer while it is needed
         self.sync, self.pending = True, None    # gradient sync off: the unsharded gradient so far

@@ -533,8 +533,11 @@ def groups_by_name_from_outside(model):
 
 
 def _grouped_by_name(rank, world_size, way, grouping=groups_by_name, drop_empty=False):
-    model = make_model()
-    model = _fsdp2(model) if way == "fsdp2" else gc.FullyShardedModule(model)
+    if isinstance(way, nn.Module):            # a model wrapped already
+        model = way
+    else:
+        model = make_model()
+        model = _fsdp2(model) if way == "fsdp2" else gc.FullyShardedModule(model)
     try:
         groups = grouping(model)
         if drop_empty:                        # as some scripts do before building the optimizer
@@ -569,6 +572,30 @@ def test_weight_decay_groups_by_name_from_an_enclosing_module_are_refused_at_ste
     for msg in gc.launch(_grouped_by_name, 2, args=("ours", groups_by_name_from_outside), timeout=120):
         assert isinstance(msg, str), "an empty no-decay group beside the shards was not refused"
         assert "parameter group 1 is empty" in msg and "weight_decay=0.1" in msg and "shards.0" in msg, msg
+
+
+def _blockwise(rank, world_size, way):
+    """A shard per block, as FSDP2's fully_shard per layer (no root wrap): the enclosing model's
+    names are plain strings, and the name test splits the plain head from the blocks' shards."""
+    model = make_model()
+    for i in (0, 2):
+        if way == "fsdp2":
+            from torch.distributed.fsdp import fully_shard
+            fully_shard(model[i])
+        else:
+            model[i] = gc.FullyShardedModule(model[i])
+    return _grouped_by_name(rank, world_size, model, groups_by_name)
+
+
+def test_a_per_parameter_split_beside_a_shard_of_weight_and_bias_is_refused():
+    """FSDP2 keeps the blocks' biases out of the decay group; a shard holds a Linear's weight and
+    bias in one tensor, so the name test put both in the decay group and the blocks' biases were
+    decayed, silently (the no-decay group was not empty: it held the plain head's bias)."""
+    theirs, sizes = gc.launch(_blockwise, 2, args=("fsdp2",), timeout=120)[0]
+    assert sizes == [3, 3]                                    # FSDP2: three matrices, three biases
+    for msg in gc.launch(_blockwise, 2, args=("ours",), timeout=120):
+        assert isinstance(msg, str), "a shard of weight and bias in the decay group was not refused"
+        assert "group 0 (weight_decay=0.1)" in msg and "unit '' (weight, bias)" in msg and "1 vectors" in msg, msg
 
 
 @pytest.mark.parametrize("drop_empty", [False, True])
