@@ -10,7 +10,9 @@ that explains the ratio. The target is set against this CPU's own ceiling, measu
 run: the MLP step's five matrix products alone (forward 2, backward 3, same shapes), bf16 vs fp32,
 operands already cast, give this CPU's matmul ratio r (AVX-512-bf16: about 2x; AMX: several times;
 neither: below 1x); with the fp32 step's matmul share p, Amdahl's 1 / ((1 - p) + p / r) is what
-bf16 could give the step if nothing else changed. The step must reach >= 85% of that ceiling; the
+bf16 could give the step if nothing else changed. The step's ratio and the matmuls' are timed in
+rounds that take turns (the medians count), so that a machine whose speed drifts during the run
+shifts both alike. The step must reach >= 85% of that ceiling; the
 fixed 2x of earlier runs is printed beside it. On a CUDA machine the MLP is also timed on the GPU (fp16 + loss scaler,
 bf16) — those ratios are printed for information, the target is the CPU one.
 
@@ -74,26 +76,92 @@ def report(runs):
     return gc.speedup(runs[0].timing, runs[1].timing)
 
 
+def keep_freed_memory() -> str:
+    """Let glibc's malloc keep freed buffers for reuse instead of handing them back to the kernel.
+
+    Every step allocates and frees the same large buffers (autocast's bf16 weights, 16 MB fp32
+    gradients, activations). Above glibc's mmap threshold each one is a fresh mapping whose pages
+    the kernel faults in and zeroes again in every step — time that is neither matmul nor cast, and
+    varies from run to run. Raising the mmap and trim thresholds keeps them in the heap, as the
+    allocators PyTorch's CPU tuning guide recommends (jemalloc, tcmalloc) do. It applies to every
+    measurement below alike. Returns what was done, for the report."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(-3, 32 << 20) == 1 and libc.mallopt(-1, 1 << 30) == 1   # M_MMAP/M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        ok = False
+    return ("malloc keeps freed buffers (mmap threshold 32 MB, trim threshold 1 GB)" if ok
+            else "the system allocator as it is (not glibc)")
+
+
+def interleaved(callables, rounds=7, per_round=2):
+    """Median time of each callable, measured in rounds that take turns — A B C D, A B C D, … — so
+    that a machine that gets faster or slower during the run shifts all of them alike; each round
+    takes the best of ``per_round`` calls. Returns ``{name: [seconds per round]}``."""
+    import time
+
+    for fn in callables.values():              # warm-up: kernel selection, first allocations
+        fn(), fn()
+    times = {name: [] for name in callables}
+    for _ in range(rounds):
+        for name, fn in callables.items():
+            best = float("inf")
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                fn()
+                best = min(best, time.perf_counter() - t0)
+            times[name].append(best)
+    return times
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="intra-op CPU threads (default 1)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    allocator = keep_freed_memory()
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-          f"bf16 instructions: {', '.join(bf16_cpu_flags()) or 'none found'}, {torch.get_num_threads()} thread(s)")
+          f"bf16 instructions: {', '.join(bf16_cpu_flags()) or 'none found'}, {torch.get_num_threads()} thread(s); "
+          f"{allocator}")
 
     batch, d_in, hidden, d_out = MLP_SHAPES
     print(f"\n== 1) matmul-heavy: MLP {d_in} -> {hidden} -> {d_out}, batch {batch}")
     runs = gc.compare_precisions(lambda: gc.MLP(d_in, hidden, d_out), batch, d_in, repeats=10, name="MLP")
-    ratio = report(runs)
+    report(runs)
     mm32, mm16 = matmul_ceiling(batch, d_in, hidden, d_out)
     print(gc.format_comparison(mm32, mm16))
-    matmul_ratio = gc.speedup(mm32, mm16)
     p = runs[0].split.share("matmul")
-    ceiling = 1 / ((1 - p) + p / matmul_ratio)
-    share = ratio / ceiling
     casts = runs[1].split.share("cast")
-    gap = ("at the ceiling (above 100%: the step's and the matmuls' timings vary between runs)" if share >= 0.95
+    # the ratio and its ceiling, from rounds that take turns (the step's and the matmuls' speeds
+    # drift on a shared machine: measured minutes apart, the ceiling alone swung 2.4x-4.7x)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch, d_in, generator=g), torch.randn(batch, d_out, generator=g)
+    steps = {}
+    for dtype in (None, torch.bfloat16):
+        torch.manual_seed(0)
+        steps[dtype] = gc.training_step(gc.MLP(d_in, hidden, d_out), x, y, dtype=dtype)
+    products = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        a = [t.to(dtype) for t in (torch.randn(batch, d_in, generator=g), torch.randn(batch, hidden, generator=g),
+                                   torch.randn(batch, d_out, generator=g), torch.randn(batch, hidden, generator=g),
+                                   torch.randn(hidden, d_in, generator=g), torch.randn(d_out, hidden, generator=g))]
+        products[dtype] = (lambda x_, h_, dy_, dh_, w1_, w2_: lambda: [x_ @ w1_.t(), h_ @ w2_.t(), dy_ @ w2_,
+                                                                   dy_.t() @ h_, dh_.t() @ x_])(*a)
+    t = interleaved({"step fp32": steps[None], "step bf16": steps[torch.bfloat16],
+                     "matmuls fp32": products[torch.float32], "matmuls bf16": products[torch.bfloat16]})
+    rounds = len(t["step fp32"])
+    ratios = [t["step fp32"][i] / t["step bf16"][i] for i in range(rounds)]
+    mm_ratios = [t["matmuls fp32"][i] / t["matmuls bf16"][i] for i in range(rounds)]
+    ceilings = [1 / ((1 - p) + p / r) for r in mm_ratios]
+    shares = sorted(a / c for a, c in zip(ratios, ceilings))
+    ratio, matmul_ratio = sorted(ratios)[rounds // 2], sorted(mm_ratios)[rounds // 2]
+    ceiling, share = sorted(ceilings)[rounds // 2], shares[rounds // 2]
+    print(f"  {rounds} interleaved rounds (fp32 step, bf16 step, fp32 matmuls, bf16 matmuls, in turn): step "
+          f"{min(ratios):.2f}-{max(ratios):.2f}x, matmuls {min(mm_ratios):.2f}-{max(mm_ratios):.2f}x, the "
+          f"step's share of its round's ceiling {shares[0]:.0%}-{shares[-1]:.0%}; medians below")
+    gap = ("at the ceiling (above 100%: the step's and the matmuls' timings vary between rounds)" if share >= 0.95
            else f"the gap is mostly autocast's casts ({casts:.0%} of the bf16 step — the weights to bf16 in "
                 "every forward, their gradients back to fp32 in every backward), which fp32 does not have")
     print(f"  the ceiling on this CPU: its matmuls run {matmul_ratio:.2f}x as fast in bf16; with the other "
