@@ -154,10 +154,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         ``ZeroRedundancyOptimizer``'s; :meth:`shard_state_dict` is this rank's slice. The state is
         sliced element by element: optimizers whose state is per tensor (LAMB's trust ratio,
         Adafactor) do not shard this way. Freezing or unfreezing a parameter after construction raises at the next ``step()``.
-        fp16 loss scaling (``torch.amp.GradScaler``) does not fit: it looks for inf in each rank's
-        own gradients before ``step()`` averages them (ranks could disagree on skipping a step),
-        and in stage 2 it finds none — ``scaler.step(opt)`` raises on every rank; train in bf16,
-        which needs no scaler.
+        fp16 loss scaling (``torch.amp.GradScaler``) works as with DDP: ``scaler.unscale_(opt)``
+        (or ``scaler.step(opt)``) averages the gradients first, unscales this rank's slice and
+        finds inf or nan in it, and the ranks agree (one all-reduce) — so every rank skips the
+        same steps and keeps the same scale, bit for bit with DDP + GradScaler.
     """
 
     def __init__(self, params, optimizer_class, process_group=None, parameters_as_bucket_view: bool = False,
@@ -197,6 +197,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._built = True
         _LIVE.add(self)
         _guard_torch_clipping()
+        _support_grad_scaler()
 
     def _build(self) -> None:
         """1) the flat buffer, this rank's shard, and the inner optimizer on its pieces."""
@@ -369,20 +370,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return used
 
     # -- the step: 2) average gradients, 3) update my shard, 4) all-gather parameters -------------
-    #: ``torch.amp.GradScaler.step`` then calls ``step()`` on every rank, with the scaler's
-    #: ``found_inf`` set, instead of skipping it on the ranks whose own gradients hold an inf —
-    #: which left the other ranks waiting in step()'s collectives — so that step() can refuse it
-    _step_supports_amp_scaling = True
-
     @torch.no_grad()
     def step(self, closure=None):
         """Average the gradients, update this rank's shard, all-gather the parameters."""
-        if getattr(self, "found_inf", None) is not None or getattr(self, "grad_scale", None) is not None:
-            raise RuntimeError(
-                "torch.amp.GradScaler does not work with gc.ZeroOptimizer: the scaler looks for inf in each "
-                "rank's own gradients before step() averages them (stage 2: in none at all), so the ranks "
-                "would disagree on skipping a step and on the next scale. Train in bf16 (no scaler needed), "
-                "or use DDP + GradScaler.")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -681,6 +671,50 @@ def _guard_torch_clipping() -> None:
                 setattr(module, function, guarded)
         if where != function and getattr(clip_grad, where, None) is public:
             setattr(clip_grad, where, guarded)
+
+
+_scaler_guarded = False
+
+
+def _support_grad_scaler() -> None:
+    """Teach ``torch.amp.GradScaler`` a ZeroOptimizer's gradients (installed once).
+
+    The scaler unscales and checks ``optimizer.param_groups``' ``.grad``: before ``step()`` those
+    are each rank's own un-averaged gradients (stage 1) or none (stage 2), so the ranks would
+    disagree on skipping a step (one rank waited in ``step()`` until the timeout) or record no
+    check at all. For a ZeroOptimizer its ``_unscale_grads_`` instead averages the gradients into
+    the shard (as ``opt.clip_grad_norm_`` does; ``step()`` does not again), unscales this rank's
+    slice, checks it for inf / nan, and all-reduces the finding (MAX): the same decision and the
+    same next scale on every rank, as DDP's all-reduced gradients give. Averaging then
+    unscaling by a power of two is what DDP + GradScaler computes, bit for bit. Every other
+    optimizer goes through PyTorch's method unchanged.
+    """
+    global _scaler_guarded
+    if _scaler_guarded:
+        return
+    _scaler_guarded = True
+    from torch.amp.grad_scaler import GradScaler
+
+    original = GradScaler._unscale_grads_
+
+    @functools.wraps(original)
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        if not isinstance(optimizer, ZeroOptimizer):
+            return original(self, optimizer, inv_scale, found_inf, allow_fp16)
+        optimizer._finish_gradients()
+        optimizer._averaged = True
+        grad = optimizer.shard.grad
+        device = optimizer.flat.device
+        found = torch.zeros((), dtype=torch.float32, device=device)
+        if grad is not None:
+            if not allow_fp16 and grad.dtype == torch.float16:
+                raise ValueError("Attempting to unscale FP16 gradients.")
+            torch._amp_foreach_non_finite_check_and_unscale_([grad], found, inv_scale.to(device))
+        if optimizer.world_size > 1:             # any rank's slice: skip everywhere
+            dist.all_reduce(found, op=dist.ReduceOp.MAX, group=optimizer.group)
+        return {device: found}
+
+    GradScaler._unscale_grads_ = _unscale_grads_
 
 
 def _per_element(value, piece) -> bool:

@@ -405,10 +405,10 @@ def test_model_zero_grad_trains_as_ddp_or_is_refused(stage):
             assert isinstance(ours, str) and "opt.zero_grad()" in ours, ours
 
 
-# -- torch.amp.GradScaler: refused on every rank at scaler.step, instead of hanging ----------------
+# -- torch.amp.GradScaler: the same skipped steps and scales as DDP, on every rank ----------------
 
-def _scaled(rank, world_size, way):
-    """GradScaler on CPU with one inf in one gradient element on rank 0 only, in step 1."""
+def _scaled(rank, world_size, way, inf_step=1, clip=None):
+    """GradScaler on CPU with one inf in one gradient element on rank 0 only, in step ``inf_step``."""
     model = make_model()
     layer = model[4]
     if way == "ddp":
@@ -421,28 +421,49 @@ def _scaled(rank, world_size, way):
     for step in range(STEPS):
         x, y = batch(step, rank, world_size)
         handle = None
-        if rank == 0 and step == 1:
+        if rank == 0 and step == inf_step:
             handle = layer.weight.register_hook(
                 lambda g: g.index_put((torch.tensor([0]), torch.tensor([0])), torch.tensor(float("inf"))))
         scaler.scale(F.mse_loss(model(x), y)).backward()
         if handle is not None:
             handle.remove()
-        try:
-            scaler.step(opt)
-        except (RuntimeError, AssertionError) as e:
-            return str(e), step
+        if clip is not None:                  # the AMP recipe: unscale, then clip, then step
+            scaler.unscale_(opt)
+            if way == "ddp":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            else:
+                opt.clip_grad_norm_(clip)
+        scaler.step(opt)
         scaler.update()
         scales.append(scaler.get_scale())
         opt.zero_grad()
-    return scales, None
+    return scales, [p.detach().clone() for p in model.parameters()]
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_grad_scaler_is_refused_at_once_on_every_rank(stage):
-    """DDP skips step 1 on both ranks; ZeroOptimizer's scaler would look at each rank's own
-    gradients (stage 1: rank 0 skipped, rank 1 waited in step() until the timeout; stage 2:
-    "No inf checks were recorded"). Now scaler.step(opt) raises the same message on every rank
-    at the first step."""
-    assert gc.launch(_scaled, 2, args=("ddp",), timeout=120)[0] == ([256.0, 128.0, 128.0, 128.0], None)
-    for msg, step in gc.launch(_scaled, 2, args=(stage,), timeout=60):
-        assert step == 0 and "GradScaler does not work with gc.ZeroOptimizer" in msg and "bf16" in msg, msg
+def test_grad_scaler_skips_the_same_steps_as_ddp(stage):
+    """DDP skips step 1 on both ranks (its all-reduce gives both the inf) and halves the scale.
+    ZeroOptimizer's scaler used to look at each rank's own gradients — stage 1: rank 0 skipped,
+    rank 1 waited in step() until the timeout; stage 2: "No inf checks were recorded" — and was
+    then refused. Now the scaler sees the averaged gradients, and training equals DDP's bit for bit."""
+    ddp_scales, ddp = gc.launch(_scaled, 2, args=("ddp",), timeout=120)[0]
+    assert ddp_scales == [256.0, 128.0, 128.0, 128.0]                  # step 1 skipped on both ranks
+    _, clean = gc.launch(_scaled, 2, args=("ddp", -1), timeout=120)[0]
+    assert not all(torch.equal(a, b) for a, b in zip(ddp, clean))        # (the skip matters)
+    for scales, mine in gc.launch(_scaled, 2, args=(stage,), timeout=60):
+        assert scales == ddp_scales
+        assert all(torch.equal(a, b) for a, b in zip(ddp, mine))
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_grad_scaler_unscale_then_clip_equals_ddp(stage):
+    """``scaler.unscale_(opt)`` then ``opt.clip_grad_norm_`` — the AMP clipping recipe — clips the
+    unscaled, averaged gradients, as DDP + unscale_ + torch's clip (within a rounding: the norm's
+    sum runs in another order)."""
+    ddp_scales, ddp = gc.launch(_scaled, 2, args=("ddp", 1, 0.05), timeout=120)[0]
+    _, unclipped = gc.launch(_scaled, 2, args=("ddp", 1), timeout=120)[0]
+    assert max((a - b).abs().max().item() for a, b in zip(ddp, unclipped)) > 1e-4    # (the clip acts)
+    for scales, mine in gc.launch(_scaled, 2, args=(stage, 1, 0.05), timeout=60):
+        assert scales == ddp_scales
+        for a, b in zip(ddp, mine):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
