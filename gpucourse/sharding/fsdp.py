@@ -270,31 +270,46 @@ def _shard_name(name: str, holds: str) -> "_ShardName":
 
 
 class _ShardName(str):
-    """A shard's name, as ``FullyShardedModule.named_parameters()`` gives it to user code:
-    ``shards.0`` names a unit, not a parameter, so a test for ``"bias"`` in it refuses instead of
-    matching nothing (a no-decay group that comes out empty and is dropped would leave every bias
-    decayed)."""
+    """A name that runs through gc.FullyShardedModule's shards (``shards.0``, ``blocks.0.shards.3``).
 
-    def _refuse(self, what):
+    Such a name names a unit, not a parameter, so a test for ``"bias"`` in it, asked from user
+    code, refuses instead of matching nothing (a no-decay group that comes out empty and is
+    dropped, or that holds only other modules' biases, would leave the shards' biases decayed).
+    The module registers its ``shards`` under such a name, and ``+`` keeps the type, so the names
+    an enclosing module's ``named_parameters()`` builds (``prefix + "." + key``) are ones too.
+    PyTorch's own code (``torch.distributed.checkpoint`` splits names) gets plain ``str``
+    behaviour."""
+
+    _holds = "a whole unit's parameters"
+
+    def _refuse(self, what, method, *args, **kwargs):
+        if not _from_user_code(2):
+            return method(str(self), *args, **kwargs)
         raise TypeError(_grouping_message(f"{what} on the name {str(self)!r}", self._holds))
 
     def __contains__(self, part):
-        self._refuse(f"{part!r} in name")
+        return self._refuse(f"{part!r} in name", str.__contains__, part)
 
     def endswith(self, *args):
-        self._refuse(f"name.endswith{args!r}".replace(",)", ")"))
+        return self._refuse(f"name.endswith{args!r}".replace(",)", ")"), str.endswith, *args)
 
     def startswith(self, *args):
-        self._refuse(f"name.startswith{args!r}".replace(",)", ")"))
+        return self._refuse(f"name.startswith{args!r}".replace(",)", ")"), str.startswith, *args)
 
     def split(self, *args, **kwargs):
-        self._refuse("name.split(...)")
+        return self._refuse("name.split(...)", str.split, *args, **kwargs)
 
     def rsplit(self, *args, **kwargs):
-        self._refuse("name.rsplit(...)")
+        return self._refuse("name.rsplit(...)", str.rsplit, *args, **kwargs)
 
     def lower(self):
         return _shard_name(str.lower(self), self._holds)
+
+    def __add__(self, other):
+        return _shard_name(str.__add__(self, other), self._holds) if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other):
+        return _shard_name(str.__add__(other, self), self._holds) if isinstance(other, str) else NotImplemented
 
     def __reduce__(self):                     # saved (an optimizer's param_names) as a plain str
         return str, (str(self),)
@@ -708,9 +723,11 @@ class FullyShardedModule(nn.Module):
         the usual groupings do not silently decay nothing (or every bias), they refuse: a shard's
         ``dim()`` and ``ndim`` raise, so does ``len()`` of its ``shape`` (which still prints and
         indexes as ``(S,)``), and the names ``named_parameters()`` gives (``shards.0``,
-        ``shards.1``, …) refuse ``"bias" in n`` and ``n.endswith(…)``. Names that an enclosing
-        module builds are plain strings: such a test matches nothing, and ``step()`` refuses the
-        empty group beside the shards (dropped before the optimizer is built, it is not caught).
+        ``shards.1``, …; ``blocks.0.shards.0`` from an enclosing module) refuse ``"bias" in n``
+        and ``n.endswith(…)``. Names a script rebuilds as plain strings (an f-string) escape
+        that: ``step()`` then refuses an empty group beside the shards, or groups that treat
+        plain vectors and matrices differently beside a shard holding both (an empty group
+        dropped before the optimizer is built, with no such plain parameters, is not caught).
     """
 
     def __init__(self, module: nn.Module, group=None, *, keep_gathered=None, units=None, param_dtype=None,
@@ -764,6 +781,8 @@ class FullyShardedModule(nn.Module):
                        for part in ([(n, p) for n, p in params if p.requires_grad],
                                     [(n, p) for n, p in params if not p.requires_grad]) if part]
         self.shards = nn.ParameterList([u.shard for u in self._units])   # what parameters() yields
+        # registered under a _ShardName: every name built through it refuses "bias" in name
+        self._modules = {(_ShardName(k) if k == "shards" else k): m for k, m in self._modules.items()}
         _install_hook()     # an optimizer built before this wrap holds the parameters taken out: refused
         self._gathered: dict[int, _Unit] = {}       # storage pointer of a gathered buffer -> its unit
         # the units gathered for the whole forward (FSDP's root unit), the others around their layer
@@ -911,7 +930,8 @@ class FullyShardedModule(nn.Module):
         """``nn.Module.named_parameters``: the shards, named ``shards.0``, ``shards.1``, … — each names a
         unit, not a parameter. Given to user code, a shard's name refuses substring tests
         (``"bias" in n``, ``n.endswith("bias")``): they would match no shard, and a no-decay group
-        left empty and dropped would decay every bias in silence. ``full_names()`` lists the
+        left empty and dropped would decay every bias in silence (the message names the unit's
+        parameters; names an enclosing module builds refuse too). ``full_names()`` lists the
         wrapped model's own parameter names."""
         named = super().named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
         if not _from_user_code(1):

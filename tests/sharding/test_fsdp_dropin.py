@@ -525,9 +525,15 @@ def groups_by_len_shape(model):
 
 
 def groups_by_name_from_outside(model):
-    """The same test on names an enclosing module gives (``outer.named_parameters()`` builds plain
-    strings: the shards' own names do not reach it)."""
+    """The same test on names an enclosing module builds (``prefix + "." + key``)."""
     named = list(nn.ModuleDict({"model": model}).named_parameters())
+    return [{"params": [p for n, p in named if not n.endswith("bias")], "weight_decay": 0.1},
+            {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
+
+
+def groups_by_rebuilt_name(model):
+    """The same test on names the script rebuilt as plain strings (``str(n)``, an f-string)."""
+    named = [(str(n), p) for n, p in model.named_parameters()]
     return [{"params": [p for n, p in named if not n.endswith("bias")], "weight_decay": 0.1},
             {"params": [p for n, p in named if n.endswith("bias")], "weight_decay": 0.0}]
 
@@ -566,17 +572,27 @@ def test_weight_decay_groups_by_name_fail_loudly_instead_of_decaying_the_biases(
         assert "name.endswith('bias') on the name 'shards.0'" in msg and "one group" in msg, msg
 
 
-def test_weight_decay_groups_by_name_from_an_enclosing_module_are_refused_at_step():
-    """Names built by an enclosing module are plain strings: the test matches nothing, and step()
-    refuses the empty no-decay group beside the shards (dropping it there is not detected)."""
-    for msg in gc.launch(_grouped_by_name, 2, args=("ours", groups_by_name_from_outside), timeout=120):
+@pytest.mark.parametrize("drop_empty", [False, True])
+def test_weight_decay_groups_by_name_from_an_enclosing_module_are_refused_at_the_test(drop_empty):
+    """An enclosing module builds its names by ``+`` on the wrapped module's keys, and the shards
+    are registered under a name that keeps its type through ``+``: the test refuses there too."""
+    for msg in gc.launch(_grouped_by_name, 2, args=("ours", groups_by_name_from_outside, drop_empty),
+                         timeout=120):
+        assert isinstance(msg, str), "a name test on an enclosing module's names was not refused"
+        assert "name.endswith('bias') on the name 'model.shards.0'" in msg, msg
+
+
+def test_weight_decay_groups_by_rebuilt_names_are_refused_at_step():
+    """Names rebuilt as plain strings escape the test: it matches nothing, and step() refuses the
+    empty no-decay group beside the shards."""
+    for msg in gc.launch(_grouped_by_name, 2, args=("ours", groups_by_rebuilt_name), timeout=120):
         assert isinstance(msg, str), "an empty no-decay group beside the shards was not refused"
         assert "parameter group 1 is empty" in msg and "weight_decay=0.1" in msg and "shards.0" in msg, msg
 
 
-def _blockwise(rank, world_size, way):
-    """A shard per block, as FSDP2's fully_shard per layer (no root wrap): the enclosing model's
-    names are plain strings, and the name test splits the plain head from the blocks' shards."""
+def _blockwise(rank, world_size, way, grouping=groups_by_name):
+    """A shard per block, as FSDP2's fully_shard per layer (no root wrap); the name test splits
+    the plain head from the blocks' shards."""
     model = make_model()
     for i in (0, 2):
         if way == "fsdp2":
@@ -584,16 +600,24 @@ def _blockwise(rank, world_size, way):
             fully_shard(model[i])
         else:
             model[i] = gc.FullyShardedModule(model[i])
-    return _grouped_by_name(rank, world_size, model, groups_by_name)
+    return _grouped_by_name(rank, world_size, model, grouping)
 
 
-def test_a_per_parameter_split_beside_a_shard_of_weight_and_bias_is_refused():
+def test_a_shard_per_block_refuses_the_name_test():
     """FSDP2 keeps the blocks' biases out of the decay group; a shard holds a Linear's weight and
     bias in one tensor, so the name test put both in the decay group and the blocks' biases were
     decayed, silently (the no-decay group was not empty: it held the plain head's bias)."""
     theirs, sizes = gc.launch(_blockwise, 2, args=("fsdp2",), timeout=120)[0]
     assert sizes == [3, 3]                                    # FSDP2: three matrices, three biases
     for msg in gc.launch(_blockwise, 2, args=("ours",), timeout=120):
+        assert isinstance(msg, str), "a name test on a block's shard was not refused"
+        assert "name.endswith('bias') on the name '0.shards.0'" in msg, msg
+
+
+def test_a_per_parameter_split_beside_a_shard_of_weight_and_bias_is_refused_at_step():
+    """With names rebuilt as plain strings the test passes, and step() refuses groups that treat
+    plain vectors and matrices differently beside a shard that holds both."""
+    for msg in gc.launch(_blockwise, 2, args=("ours", groups_by_rebuilt_name), timeout=120):
         assert isinstance(msg, str), "a shard of weight and bias in the decay group was not refused"
         assert "group 0 (weight_decay=0.1)" in msg and "unit '' (weight, bias)" in msg and "1 vectors" in msg, msg
 
