@@ -435,12 +435,12 @@ def _install_clip_check() -> None:
 def _torch_arguments(module, param_dtype, mp_policy, reshard_after_forward, reduce_dtype):
     """PyTorch's FSDP arguments with their meaning where the course's class does the same; a message
     saying what it does instead where not. Returns ``param_dtype``."""
-    if reshard_after_forward is not True:
+    if reshard_after_forward is not True and reshard_after_forward is not False:
         raise ValueError(
-            f"reshard_after_forward={reshard_after_forward!r} is not supported: gc.FullyShardedModule always "
-            "frees a unit's parameters after its forward and gathers them again for its backward (FSDP2's "
-            "reshard_after_forward=True); keep_gathered=[paths] keeps units gathered for the whole forward "
-            "(not through the backward)")
+            f"reshard_after_forward={reshard_after_forward!r} is not supported: gc.FullyShardedModule takes "
+            "True (free a unit's parameters after its forward, gather them again for its backward: FSDP2's "
+            "default) or False (keep them from the forward to the backward); FSDP2's int (reshard to a "
+            "smaller group) has no counterpart here")
     dtypes = {p.dtype for p in module.parameters()}
     if mp_policy is not None:
         if param_dtype is not None:
@@ -666,8 +666,10 @@ class FullyShardedModule(nn.Module):
         mp_policy: FSDP2's ``MixedPrecisionPolicy(param_dtype=…, reduce_dtype=torch.float32)`` — the
             same as ``param_dtype=…``; a policy the class cannot follow (reduce in bf16,
             ``output_dtype``) is refused with a message.
-        reshard_after_forward: ``True`` only (FSDP2's default, what the class does); ``False`` is
-            refused with a message.
+        reshard_after_forward: ``True`` (FSDP2's default): a unit's full parameters are freed
+            after its forward and all-gathered again for its backward. ``False``: they stay from
+            the forward to the backward — one all-gather per unit and step instead of two, more
+            memory between the passes — as FSDP2's ``False``; the arithmetic is the same.
         reduce_dtype: ``None`` or the parameters' own dtype (the gradients are reduce-scattered in
             it); any other is refused.
 
@@ -773,6 +775,7 @@ class FullyShardedModule(nn.Module):
                              [path for path, _, _ in owners]), group)
         self.module, self.group = module, group
         self.rank, self.world_size, self.param_dtype = rank, world_size, param_dtype
+        self.reshard_after_forward = reshard_after_forward
         self._param_names = [n for n, _ in module.named_parameters(remove_duplicate=False)]
         self._state_keys = list(module.state_dict(keep_vars=True))   # the plain model's keys, in order
         # frozen parameters get units of their own: gathered alike, never reduce-scattered
@@ -808,6 +811,8 @@ class FullyShardedModule(nn.Module):
 
     # -- 2) forward: gather before the layer, free after it -------------------------------------
     def _gather(self, unit) -> None:
+        if unit.full is not None:                 # kept from a forward whose backward has not run
+            unit.full = None                      # (reshard_after_forward=False): gather afresh
         if unit.trainable and torch.is_grad_enabled():
             params = _GatherParams.apply(unit.shard, unit)      # backward = reduce-scatter
         else:
@@ -815,10 +820,15 @@ class FullyShardedModule(nn.Module):
         self._gathered[unit.full.untyped_storage().data_ptr()] = unit
         unit.attach(params)
 
-    def _release(self, unit) -> None:
+    def _release(self, unit, *, keep: bool = False) -> None:
+        """Free the unit's full parameters; ``keep``: only take them off the layer, for the backward
+        to use and free (``reshard_after_forward=False``)."""
         if unit.full is not None:
             self._gathered.pop(unit.full.untyped_storage().data_ptr(), None)
+        full = unit.full
         unit.release()
+        if keep:
+            unit.full = full
 
     def _make_pre_hook(self, unit):
         def pre_hook(module, args, kwargs):
@@ -831,7 +841,9 @@ class FullyShardedModule(nn.Module):
 
     def _make_post_hook(self, unit):
         def post_hook(module, args, output):
-            self._release(unit)
+            # kept only where a backward will free them: _GatherParams.backward drops unit.full
+            self._release(unit, keep=not self.reshard_after_forward and unit.trainable
+                          and torch.is_grad_enabled())
         return post_hook
 
     # -- 3) backward: save a note instead of a gathered weight; gather again on unpack ----------

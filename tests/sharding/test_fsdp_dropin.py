@@ -2,6 +2,8 @@
 (issue 40): clipping by the global norm, weight-decay groups by ``p.dim()``. Every test runs the
 PyTorch original next to it on 2 gloo ranks."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -440,14 +442,47 @@ def test_mp_policy_and_reshard_after_forward_as_fsdp2_or_refused():
     assert all(torch.equal(ours[k], v) for k, v in plain.items())
     # what FSDP2 does and the class does not: refused with what to do instead
     refused = {"reduce_dtype=torch.float32": dict(mp=dict(param_dtype=torch.bfloat16)),   # reduces in bf16
-               "keep_gathered": dict(reshard_after_forward=False),
+               "True": dict(reshard_after_forward=2),                                     # FSDP2's int
                "parameters' own dtype": dict(reduce_dtype=torch.bfloat16),
                "out.float()": dict(mp=dict(output_dtype=torch.float32))}
     for words, kwargs in refused.items():
         msg = gc.launch(_mp, 2, args=("ours", kwargs), timeout=120)[0]
         assert isinstance(msg, str) and words in msg, (kwargs, msg)
+
+
+def _kept(rank, world_size, reshard):
+    """Training with reshard_after_forward=True / False: the parameters, and how many all-gathers."""
+    import gpucourse.sharding.fsdp as fsdp
+
+    calls = []
+    original = fsdp._all_gather_flat
+    fsdp._all_gather_flat = lambda buf, group: calls.append(buf.numel()) or original(buf, group)
+    try:
+        model = gc.FullyShardedModule(make_model(), reshard_after_forward=reshard)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        for step in range(STEPS):
+            x, y = batch(step, rank, world_size)
+            F.mse_loss(model(x), y).backward()
+            assert all(u.full is None for u in model._units)         # freed by the backward
+            opt.step()
+            opt.zero_grad()
+        with torch.no_grad():                                        # no backward: nothing kept
+            model(x)
+        assert all(u.full is None for u in model._units)
+    finally:
+        fsdp._all_gather_flat = original
+    return _full(model), len(calls)
+
+
+def test_reshard_after_forward_false_keeps_the_parameters_for_the_backward_as_fsdp2():
+    """FSDP2's reshard_after_forward=False: no second all-gather in the backward, the same
+    arithmetic — bit for bit with True, and with FSDP2's False within a rounding."""
+    freed, gathers = gc.launch(_kept, 2, args=(True,), timeout=120)[0]
+    for kept, fewer in gc.launch(_kept, 2, args=(False,), timeout=120):
+        assert all(torch.equal(kept[k], v) for k, v in freed.items())
+        assert fewer == 3 * (STEPS + 1) < gathers          # 3 units: a forward's all-gathers only
     theirs = gc.launch(_mp, 2, args=("fsdp2", dict(reshard_after_forward=False)), timeout=120)[0]
-    assert isinstance(theirs, dict)                                                 # (FSDP2 runs it)
+    torch.testing.assert_close(kept, theirs, rtol=1e-5, atol=1e-6)
 
 
 def _compiled(rank, world_size, way):
@@ -635,3 +670,30 @@ def test_weight_decay_groups_by_len_shape_fail_loudly_instead_of_decaying_nothin
         assert msg.startswith("len(p.shape)") and "unit '0' (weight, bias)" in msg and "one group" in msg, msg
 
 
+
+
+def _tinygpt_kept(rank, world_size, reshard, dtype, accumulate):
+    torch.manual_seed(0)
+    model = gc.FullyShardedModule(gc.TinyGPT(vocab_size=50, seq_len=16, num_layers=2, hidden=16, num_heads=2),
+                                  reshard_after_forward=reshard, param_dtype=dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    for step in range(3):
+        for micro in range(2 if accumulate else 1):
+            idx = torch.randint(0, 50, (4, 17), generator=g)
+            with model.no_sync() if accumulate and micro == 0 else contextlib.nullcontext():
+                model.loss(idx[:, :-1], idx[:, 1:]).float().backward()
+        model.clip_grad_norm_(0.5)
+        opt.step()
+        opt.zero_grad()
+        assert all(u.full is None for u in model._units if u not in model._outer)   # nothing held on
+    return model.full_state_dict()
+
+
+@pytest.mark.parametrize("dtype, accumulate", [(None, True), (torch.bfloat16, False)])
+def test_reshard_after_forward_false_on_a_tied_tinygpt_is_bit_for_bit(dtype, accumulate):
+    """Tied head (its unit stays gathered for the whole forward), bf16 compute, no_sync micro-batches,
+    clipping: keeping the parameters from forward to backward changes no bit."""
+    freed = gc.launch(_tinygpt_kept, 2, args=(True, dtype, accumulate), timeout=120)[0]
+    for kept in gc.launch(_tinygpt_kept, 2, args=(False, dtype, accumulate), timeout=120):
+        assert all(torch.equal(kept[k], v) for k, v in freed.items())
