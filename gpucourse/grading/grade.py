@@ -511,6 +511,34 @@ class Judges:
         self._build_locks: dict[tuple, threading.Lock] = {}
         self._build_root: str | None = None
         self._exercises_of: dict[str, dict] = {}
+        self._starting: list[threading.Thread] = []
+        self._closing = threading.Event()
+
+    def start(self, chapters, *, hidden: bool = False) -> None:
+        """Start the judges of ``chapters`` now, side by side, in background threads, and let each
+        draw its slots' inputs and references (the hidden ones with ``hidden``).
+
+        Each judge imports torch and the course's solutions, then runs the course's answers on the
+        drawn inputs — seconds — which the first notebook of its chapter would otherwise wait for,
+        one chapter after another, while the other core had nothing to do. A judge that fails to
+        start or to draw is left for that first request to meet and report; :meth:`close` waits
+        for the starts. The threads stay until then: a sandboxed judge dies with the *thread* that
+        started it (``bwrap --die-with-parent`` is the thread's parent-death signal).
+        """
+        def start_one(chapter):
+            try:
+                judge = self.get(chapter)
+                for slot in judge.hello["slots"]:
+                    if hidden or slot["kind"] != "hidden":
+                        self.cases(chapter, slot["slot"])
+            except Exception:  # noqa: BLE001 - the chapter's first request meets it again and reports it
+                pass
+            self._closing.wait()
+
+        for chapter in dict.fromkeys(chapters):
+            thread = threading.Thread(target=start_one, args=(chapter,), name=f"judge {chapter}", daemon=True)
+            thread.start()
+            self._starting.append(thread)
 
     def get(self, chapter: str):
         from .harness import JudgeProcess
@@ -626,6 +654,9 @@ class Judges:
             return self._builds[key]
 
     def close(self) -> None:
+        self._closing.set()
+        for thread in self._starting:             # a judge still starting would outlive the close
+            thread.join()
         for judge in self._judges.values():
             judge.close()
         if self._build_root is not None:
@@ -1119,6 +1150,7 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
     print(f"grading {len(subs)} notebook(s) with {workers} worker(s); {line}", flush=True)
     print(f"check inputs drawn from seed {seed} (the same grades again: --seed {seed})", flush=True)
     judges = Judges(solutions, seed, private_network=mode == "bwrap")     # nothing listens on the host
+    judges.start((s.chapter for s in subs if s.chapter in releases and not s.problem), hidden=hidden)
     options.hide = [*options.hide, *(Path(p).resolve() for p in paths), *_answer_folders(solutions)]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpucourse-grade-") as root:

@@ -411,3 +411,30 @@ def test_html_feedback_is_rendered_and_escapes_what_a_student_printed(tmp_path):
     assert "<b>1</b>" not in page and "&lt;b&gt;1&lt;/b&gt;" in page
     # the judge's text is shown as code (issue 37: no link or image from a student's text is rendered)
     assert "check cell edited — restored; <code>00.1" in page and "restored; |" not in page
+
+
+def test_judges_started_in_the_background_live_until_closed(tiny_release):
+    """grade starts every chapter's judge, and draws its references, in a background thread. A
+    sandboxed judge dies with the *thread* that started it (``bwrap --die-with-parent``), so that
+    thread must stay until the judges close: when it ended after drawing, the judge was killed under
+    a worker's request, and an honest notebook was "not graded" (benchmarks/grading.py caught it)."""
+    from gpucourse.grading.grade import Judges
+
+    rel, sol = tiny_release
+    judges = Judges(str(sol), seed=1, private_network=isolation(True) == "bwrap")
+    try:
+        judges.start(["99"], hidden=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            judge = judges._judges.get("99")
+            if judge is not None and all(s["slot"] in judges._cases for s in judge.hello["slots"]):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the judge did not start and draw within 120 s")
+        time.sleep(1.0)                               # the drawing is over: the thread would end here
+        assert judge.proc.poll() is None, "the judge died with the thread that started it"
+        assert judge.request({"op": "hello"})["slots"] == judge.hello["slots"]
+    finally:
+        judges.close()
+    assert judge.proc.poll() is not None                # closed: nothing left running
