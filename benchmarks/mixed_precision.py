@@ -35,24 +35,27 @@ CEILING_SHARE = 0.85    # the target: this share of the machine's own bf16/fp32 
 MLP_SHAPES = (512, 1024, 4096, 1024)          # batch, in, hidden, out
 
 
-def matmul_ceiling(batch, d_in, hidden, d_out, repeats=10):
-    """fp32 and bf16 timings of the MLP step's matrix products alone (the ceiling of its bf16 gain),
-    in the layouts the step uses (``nn.Linear`` keeps W as (out, in)): forward x·W1ᵀ, h·W2ᵀ; backward
-    dY·W2 (dH), dYᵀ·h (dW2), dHᵀ·x (dW1) — operands already in the dtype (no casts)."""
+def matmul_products(batch, d_in, hidden, d_out):
+    """The MLP step's matrix products alone, ``{dtype: products()}`` for fp32 and bf16, in the layouts
+    the step uses (``nn.Linear`` keeps W as (out, in)): forward x·W1ᵀ, h·W2ᵀ; backward dY·W2 (dH),
+    dYᵀ·h (dW2), dHᵀ·x (dW1) — operands already in the dtype (no casts)."""
     g = torch.Generator().manual_seed(0)
     x, h = torch.randn(batch, d_in, generator=g), torch.randn(batch, hidden, generator=g)
     dy, dh = torch.randn(batch, d_out, generator=g), torch.randn(batch, hidden, generator=g)
     w1, w2 = torch.randn(hidden, d_in, generator=g), torch.randn(d_out, hidden, generator=g)
-    timings = []
-    for dtype in (torch.float32, torch.bfloat16):
+
+    def in_dtype(dtype):
         x_, h_, dy_, dh_, w1_, w2_ = (t.to(dtype) for t in (x, h, dy, dh, w1, w2))
+        return lambda: [x_ @ w1_.t(), h_ @ w2_.t(), dy_ @ w2_, dy_.t() @ h_, dh_.t() @ x_]
 
-        def products():
-            return [x_ @ w1_.t(), h_ @ w2_.t(), dy_ @ w2_, dy_.t() @ h_, dh_.t() @ x_]
+    return {dtype: in_dtype(dtype) for dtype in (torch.float32, torch.bfloat16)}
 
-        timings.append(gc.measure(products, repeats=repeats, warmup=2,
-                                  name=f"its 5 matmuls alone, {'fp32' if dtype is torch.float32 else 'bf16'}"))
-    return timings
+
+def matmul_ceiling(products, repeats=10):
+    """fp32 and bf16 timings of :func:`matmul_products` (the ceiling of the step's bf16 gain)."""
+    return [gc.measure(fn, repeats=repeats, warmup=2,
+                       name=f"its 5 matmuls alone, {'fp32' if dtype is torch.float32 else 'bf16'}")
+            for dtype, fn in products.items()]
 
 
 def bf16_cpu_flags():
@@ -130,7 +133,8 @@ def main():
     print(f"\n== 1) matmul-heavy: MLP {d_in} -> {hidden} -> {d_out}, batch {batch}")
     runs = gc.compare_precisions(lambda: gc.MLP(d_in, hidden, d_out), batch, d_in, repeats=10, name="MLP")
     report(runs)
-    mm32, mm16 = matmul_ceiling(batch, d_in, hidden, d_out)
+    products = matmul_products(batch, d_in, hidden, d_out)
+    mm32, mm16 = matmul_ceiling(products)
     print(gc.format_comparison(mm32, mm16))
     p = runs[0].split.share("matmul")
     casts = runs[1].split.share("cast")
@@ -142,13 +146,6 @@ def main():
     for dtype in (None, torch.bfloat16):
         torch.manual_seed(0)
         steps[dtype] = gc.training_step(gc.MLP(d_in, hidden, d_out), x, y, dtype=dtype)
-    products = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        a = [t.to(dtype) for t in (torch.randn(batch, d_in, generator=g), torch.randn(batch, hidden, generator=g),
-                                   torch.randn(batch, d_out, generator=g), torch.randn(batch, hidden, generator=g),
-                                   torch.randn(hidden, d_in, generator=g), torch.randn(d_out, hidden, generator=g))]
-        products[dtype] = (lambda x_, h_, dy_, dh_, w1_, w2_: lambda: [x_ @ w1_.t(), h_ @ w2_.t(), dy_ @ w2_,
-                                                                   dy_.t() @ h_, dh_.t() @ x_])(*a)
     t = interleaved({"step fp32": steps[None], "step bf16": steps[torch.bfloat16],
                      "matmuls fp32": products[torch.float32], "matmuls bf16": products[torch.bfloat16]})
     rounds = len(t["step fp32"])

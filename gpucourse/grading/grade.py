@@ -1150,7 +1150,6 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
     print(f"grading {len(subs)} notebook(s) with {workers} worker(s); {line}", flush=True)
     print(f"check inputs drawn from seed {seed} (the same grades again: --seed {seed})", flush=True)
     judges = Judges(solutions, seed, private_network=mode == "bwrap")     # nothing listens on the host
-    judges.start((s.chapter for s in subs if s.chapter in releases and not s.problem), hidden=hidden)
     options.hide = [*options.hide, *(Path(p).resolve() for p in paths), *_answer_folders(solutions)]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpucourse-grade-") as root:
@@ -1165,7 +1164,8 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
             if not quiet:
                 _print_notebook(g)
             return g
-        try:
+        try:                                  # started here, so that close() always ends them
+            judges.start((s.chapter for s in subs if s.chapter in releases and not s.problem), hidden=hidden)
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 graded = list(pool.map(one, subs))
         finally:

@@ -36,6 +36,7 @@ shard before the all-gather and each gradient back to fp32 before the reduce-sca
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import inspect
@@ -112,20 +113,18 @@ def _refuse_a_split_no_shard_can_follow(optimizer) -> None:
     if getattr(optimizer, "_gpucourse_split_checked", None) == seen:
         return
 
-    def plain(g, kind):
-        return [p for p in g["params"] if not isinstance(p, _FlatShard)
-                and ("vectors" if p.dim() < 2 else "matrices") == kind]
-
+    plain = [collections.Counter("vectors" if p.dim() < 2 else "matrices" for p in g["params"]
+                                 if not isinstance(p, _FlatShard)) for g in groups]   # per group, once
     for j, g in enumerate(groups):
         for shard in (p for p in g["params"] if isinstance(p, _FlatShard) and len(getattr(p, "_kinds", ())) > 1):
             for kind in ("vectors", "matrices"):
-                other = next((i for i, h in enumerate(groups) if decay(h) != decay(g) and plain(h, kind)), None)
+                other = next((i for i, h in enumerate(groups) if decay(h) != decay(g) and plain[i][kind]), None)
                 if other is None:
                     continue
                 raise RuntimeError(
                     f"{type(optimizer).__name__}: group {j} (weight_decay={decay(g)}) holds gc.FullyShardedModule's "
                     f"shard of {shard._holds}, while group {other} (weight_decay={decay(groups[other])}) holds "
-                    f"{len(plain(groups[other], kind))} {kind} outside the shards: the groups split parameters one "
+                    f"{plain[other][kind]} {kind} outside the shards: the groups split parameters one "
                     f"by one (by name or by shape), but a shard is one flat tensor of its whole unit, so its {kind} "
                     f"would get weight_decay={decay(g)} — unlike FSDP2, which shards each parameter. Names an "
                     "enclosing module builds (blocks.0.shards.0) do not name the parameters in a shard. Wrap the "
@@ -362,9 +361,10 @@ class _FlatShard(nn.Parameter):
         return _shard_shape(shape, self._holds)
 
     def size(self, dim=None):
-        if dim is not None or not _from_user_code(1):
-            return super().size() if dim is None else super().size(dim)
-        return _shard_shape(super().size(), self._holds)
+        if dim is not None:
+            return super().size(dim)
+        size = super().size()
+        return _shard_shape(size, self._holds) if _from_user_code(1) else size
 
     def __repr__(self):
         return f"FullyShardedModule shard of {self._holds}:\n{self.detach()!r}"
@@ -945,9 +945,9 @@ class FullyShardedModule(nn.Module):
         left empty and dropped would decay every bias in silence (the message names the unit's
         parameters; names an enclosing module builds refuse too). ``full_names()`` lists the
         wrapped model's own parameter names."""
+        # the names are _ShardNames already (the shards' key is one); here each gets its unit's
+        # parameters for the message. They refuse only user code, so torch's callers get them too
         named = super().named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
-        if not _from_user_code(1):
-            return named
         return ((_shard_name(n, p._holds) if isinstance(p, _FlatShard) else n, p) for n, p in named)
 
     def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
