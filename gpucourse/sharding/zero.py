@@ -419,6 +419,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     v[a - lo:b - lo] = state[k] if k in state else 0
 
     @torch.no_grad()
+    def _average_now(self) -> None:
+        """Average this step's gradients into the shard before ``step()`` (clipping, GradScaler's
+        unscale), which then steps on them as they are."""
+        self._finish_gradients()
+        self._averaged = True
+
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the averaged gradients by their global norm; returns that norm (before clipping).
 
@@ -457,8 +463,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             (True, 1.0, 1.0)
         """
         max_norm, norm_type = float(max_norm), float(norm_type)
-        self._finish_gradients()
-        self._averaged = True
+        self._average_now()
         grad = self.shard.grad
         if grad is None:
             grad = torch.zeros_like(self.shard)
@@ -486,8 +491,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         clip_value = float(clip_value)
         if not clip_value >= 0:
             raise ValueError(f"clip_value must be a number >= 0, got {clip_value!r}")
-        self._finish_gradients()
-        self._averaged = True
+        self._average_now()
         if self.shard.grad is not None:
             self.shard.grad.clamp_(-clip_value, clip_value)
 
@@ -701,8 +705,7 @@ def _support_grad_scaler() -> None:
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
         if not isinstance(optimizer, ZeroOptimizer):
             return original(self, optimizer, inv_scale, found_inf, allow_fp16)
-        optimizer._finish_gradients()
-        optimizer._averaged = True
+        optimizer._average_now()
         grad = optimizer.shard.grad
         device = optimizer.flat.device
         found = torch.zeros((), dtype=torch.float32, device=device)
