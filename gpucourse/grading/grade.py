@@ -442,6 +442,7 @@ class Graded:
     others: list = field(default_factory=list)
     problem: str = ""
     record: dict = field(default_factory=dict)
+    span: tuple = (0.0, 0.0)    # seconds after grading began: when a worker took it, when it was done
 
 
 def _bad(sub: Submission, status: str, why: str, release: Release | None = None) -> Graded:
@@ -1154,6 +1155,7 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpucourse-grade-") as root:
         def one(sub):
+            began = time.monotonic() - started
             try:
                 g = grade_notebook(sub, releases, judges=judges, hidden=hidden, options=options, mode=mode,
                                    expected=expected, work_root=Path(root))
@@ -1161,6 +1163,7 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
                 g = _bad(sub, "unreadable", f"could not be graded: {type(e).__name__}: {e}")
             for r in g.rows:
                 r.note = cut(sub.note, ERROR_LIMIT)
+            g.span = (round(began, 3), round(time.monotonic() - started, 3))
             if not quiet:
                 _print_notebook(g)
             return g
@@ -1179,7 +1182,8 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
         notebooks = [
             {"student": cut(g.sub.student, NAME_LIMIT), "notebook": cut(g.sub.path, 2 * NAME_LIMIT),
              "status": g.status, "problem": cut(g.problem, ERROR_LIMIT), "note": cut(g.sub.note, ERROR_LIMIT),
-             "wall_seconds": g.record.get("wall_seconds", 0.0), "runs": g.record.get("runs", 0),
+             "wall_seconds": g.record.get("wall_seconds", 0.0), "span_seconds": list(g.span),
+             "runs": g.record.get("runs", 0),
              "phases": g.record.get("phases", {}),
              "processes_killed_after": g.record.get("leftovers_killed", 0),
              "other_errors": _other_errors(g)} for g in graded]

@@ -237,7 +237,7 @@ def test_no_commit_is_recorded_outside_a_git_checkout(tmp_path):
 
 
 #: what may differ between two runs with one seed: when it ran and how long things took
-TIMING = {"date": None, "rows": {"seconds"}, "notebooks": {"wall_seconds", "phases"}}
+TIMING = {"date": None, "rows": {"seconds"}, "notebooks": {"wall_seconds", "span_seconds", "phases"}}
 
 
 def _without_timing(data: dict) -> dict:
