@@ -5,7 +5,9 @@ solutions: 4 honest (every answer right), 3 cheating (faked passes, a patched ha
 values — each must score 0), 3 broken (unsolved, truncated, not a notebook). Each class is graded
 by `python -m gpucourse grade --hidden --workers W` in a subprocess whose memory is sampled from
 /proc every 0.1 s: the grader itself, its sandbox shepherds, and the judges (one per chapter: the
-course's solutions, with torch) — the students' kernels are limited by the sandbox and not counted.
+course's solutions, with torch; forked from one host that imported torch once) — RSS, and for the
+judges also PSS, which counts a page they share once — the students' kernels are limited by the
+sandbox and not counted.
 
     python benchmarks/grading.py                    # targets: ratio >= 1.8x (issue 41), 0 mis-graded
     python benchmarks/grading.py --nbgrader         # also time `nbgrader autograde` on the same class
@@ -30,6 +32,7 @@ from nbformat.v4 import new_code_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.8          # 2 workers' throughput / 1 worker's (issue 41; 1.6 before)
+JUDGE_MB = 400        # peak RSS per judge (issue 41), printed beside the target above
 sys.path.insert(0, str(ROOT / "tests" / "grading"))
 
 from make_corpus import exercises, solved                               # noqa: E402
@@ -83,15 +86,20 @@ def make_class(dest: Path, chapters: list[str]) -> dict[str, float]:
     return expected
 
 
-def _memory(pid: int) -> int:
+def _memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of a process in bytes. RSS counts every page it maps, also those it shares with
+    others (torch's libraries, the pages a fork shares with its host); PSS divides each shared page
+    among the processes that map it, so PSS adds up to the memory the processes hold together."""
     try:
-        text = Path(f"/proc/{pid}/status").read_text()
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:          # it has just ended
-        return 0
-    for line in text.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) << 10
-    return 0
+        return 0, 0
+    got = {}
+    for line in text.splitlines()[1:]:
+        key, _, value = line.partition(":")
+        if key in ("Rss", "Pss"):
+            got[key] = int(value.split()[0]) << 10
+    return got.get("Rss", 0), got.get("Pss", 0)
 
 
 def _children(pid: int) -> list[int]:
@@ -107,8 +115,8 @@ def _children(pid: int) -> list[int]:
 
 def _tree(root_pid: int) -> dict[str, int]:
     """RSS of the grader, its shepherds (and their bwrap), and its judges (not the students' kernels
-    and ranks, nor the judges' own ranks)."""
-    out = {"grader": 0, "shepherds": 0, "judges": 0}
+    and ranks, nor the judges' own ranks); the judges' PSS and how many there are."""
+    out = {"grader": 0, "shepherds": 0, "judges": 0, "judges_pss": 0, "judge_count": 0}
     todo = [(root_pid, "grader")]
     while todo:
         pid, role = todo.pop()
@@ -119,16 +127,22 @@ def _tree(root_pid: int) -> dict[str, int]:
         if b"ipykernel" in cmd:
             continue
         if b"gpucourse.grading.judge" in cmd:
-            # the judge runs under bwrap (its own network): count bwrap and the python inside it,
-            # not the ranks the judge's reference runs start
-            out["judges"] += _memory(pid)
+            # the judges' host runs under bwrap (its own network) and forks one judge per chapter,
+            # which keeps its command line: count bwrap, the host and the judges, not the ranks the
+            # judges' reference runs start (their children)
+            rss, pss = _memory(pid)
+            out["judges"] += rss
+            out["judges_pss"] += pss
             if cmd.split(b"\0")[0].endswith(b"bwrap"):
-                todo += [(c, "judges") for c in _children(pid)]
+                todo += [(c, "judge host") for c in _children(pid)]
+            elif role != "judge" and b"--host" in cmd:          # the host (a fork keeps its command line)
+                todo += [(c, "judge") for c in _children(pid)]
+            else:                                  # a judge: forked, or started on its own (no host)
+                out["judge_count"] += 1
             continue
-        try:
-            out[role] += _memory(pid)
-        except (OSError, ValueError):
+        if role not in out:                    # a judge's process as it ends (its command line is gone)
             continue
+        out[role] += _memory(pid)[0]
         todo += [(c, "shepherds") for c in _children(pid)]
     return out
 
@@ -137,12 +151,12 @@ def run(folder: Path, workers: int, out: Path, seed: int) -> dict:
     argv = [sys.executable, "-m", "gpucourse", "grade", str(folder), "--hidden", "--workers", str(workers),
             "--json", str(out), "--seed", str(seed), "--notebook-timeout", "900"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
-    peak = {"grader": 0, "shepherds": 0, "judges": 0, "total": 0}
+    peak = {"grader": 0, "shepherds": 0, "judges": 0, "judges_pss": 0, "judge_count": 0, "total": 0}
 
     def sample():
         while proc.poll() is None:
             now = _tree(proc.pid)
-            now["total"] = sum(now.values())
+            now["total"] = sum(now[k] for k in ("grader", "shepherds", "judges"))
             for k, v in now.items():
                 peak[k] = max(peak[k], v)
             time.sleep(0.1)
@@ -154,7 +168,9 @@ def run(folder: Path, workers: int, out: Path, seed: int) -> dict:
     elapsed = time.monotonic() - started
     t.join()
     data = json.loads(out.read_text())
-    return {"seconds": elapsed, "peak_mb": {k: v / 2**20 for k, v in peak.items()}, "rows": data["rows"],
+    peak_mb = {k: v / 2**20 for k, v in peak.items() if k != "judge_count"}
+    peak_mb["judge_count"] = peak["judge_count"]
+    return {"seconds": elapsed, "peak_mb": peak_mb, "rows": data["rows"],
             "notebooks": data["notebooks"], "code": proc.returncode, "stderr": err.decode()[-2000:]}
 
 
@@ -270,6 +286,12 @@ def main():
                   f"{r['seconds']:.0f} s = {60 * n / r['seconds']:.1f} notebooks/min; peak RSS: grader "
                   f"{m['grader']:.0f} MB, shepherds {m['shepherds']:.0f} MB, judges {m['judges']:.0f} MB "
                   f"(all together {m['total']:.0f} MB); mis-graded {len(bad)}", flush=True)
+            count = max(1, m["judge_count"])
+            print(f"    judges: {m['judge_count']}; peak RSS {m['judges'] / count:.0f} MB per judge, host included "
+                  f"(target <= {JUDGE_MB} MB: {'MET' if m['judges'] / count <= JUDGE_MB else 'NOT MET'}; RSS counts "
+                  f"the pages they share — torch, the host's — again in every process); what they hold together "
+                  f"(peak PSS, a shared page counted once): {m['judges_pss']:.0f} MB, "
+                  f"{m['judges_pss'] / count:.0f} MB per judge", flush=True)
             for line in bad[:10]:
                 print("   ", line)
             print("   ", breakdown(r), flush=True)

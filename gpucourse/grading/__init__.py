@@ -4,7 +4,8 @@
 - ``harness``    what a check cell calls (``gc.check_exercise``): runs the learner's code on the
                  grader's inputs and sends the values out; the ``compare`` vocabulary
 - ``wire``       values as data (JSON; tensors from raw bytes): nothing a kernel sends can run code
-- ``judge``      the process that decides: runs the course's solutions on the same inputs, compares
+- ``judge``      the process that decides: runs the course's solutions on the same inputs, compares;
+                 a grading run forks its judges from one host that imported torch once
 - ``public``     the public cases shipped in ``exercises/public/``: what a check decides with where
                  ``solutions/`` is absent (a public judge: the release's checks, the shipped values)
 - ``restore``    match a submission to its release; put the course's check cells back

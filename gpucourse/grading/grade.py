@@ -484,7 +484,8 @@ def choose_release(nb, filename: str, releases: dict[str, Release], expected: st
 
 
 class Judges:
-    """One judge process per chapter (started on first use), shared by the grading threads.
+    """One judge process per chapter (started on first use), shared by the grading threads; all forked
+    from one :class:`.harness.JudgeHost`, which imported torch and the course once for them.
 
     Each caches its inputs per slot and seed and the course's answers on them, so a class graded
     with one seed runs each reference once (when the inputs are drawn: a compare only compares).
@@ -514,6 +515,7 @@ class Judges:
         self._exercises_of: dict[str, dict] = {}
         self._starting: list[threading.Thread] = []
         self._closing = threading.Event()
+        self._host = None
 
     def start(self, chapters, *, hidden: bool = False) -> None:
         """Start the judges of ``chapters`` now, side by side, in background threads, and let each
@@ -554,12 +556,23 @@ class Judges:
                     with judge.lock:
                         judge.close()
                     self._ready.pop(judge, None)
-                judge = JudgeProcess(chapter, where["folder"], local=False, private_network=self.private_network,
-                                     public=where.get("public"))
+                judge = JudgeProcess(chapter, where["folder"], local=False, public=where.get("public"),
+                                     host=self._judge_host())
                 for error in judge.hello.get("errors", []):
                     print(f"warning: {where['warning']}{error}", file=sys.stderr)
                 self._judges[chapter] = judge
             return judge
+
+    def _judge_host(self):
+        """The host the judges are forked from (started again if it has ended: its judges ended with it)."""
+        from .harness import JudgeHost
+
+        with self._lock:
+            if self._host is None or not self._host.alive():
+                if self._host is not None:
+                    self._host.close()
+                self._host = JudgeHost(private_network=self.private_network)
+            return self._host
 
     def _judge_source(self, chapter: str) -> dict:
         """What a judge of ``chapter`` loads: ``{"folder", "warning"}`` (+ ``"public"``, the public
@@ -660,6 +673,8 @@ class Judges:
             thread.join()
         for judge in self._judges.values():
             judge.close()
+        if self._host is not None:
+            self._host.close()
         if self._build_root is not None:
             import shutil
 

@@ -50,7 +50,7 @@ import subprocess
 import sys
 import threading
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -699,6 +699,164 @@ class JudgeCrashed(RuntimeError):
         self.how, self.stalled = how, stalled
 
 
+def _judge_env() -> dict:
+    env = dict(os.environ, MPLBACKEND="agg", PYTHONDONTWRITEBYTECODE="1")
+    # the judge runs the very package this process imported (not whatever an install points at)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(_PACKAGE_DIR).parent),
+                                         *filter(None, [os.environ.get("PYTHONPATH")])])
+    env.pop("GPUCOURSE_RESULT_FD", None)
+    return env
+
+
+class JudgeHost:
+    """One process that imports torch, IPython and the course once and forks the judges of a
+    grading run (``python -m gpucourse.grading.judge --host``; see :func:`.judge.host`).
+
+    Judges started each in its own interpreter held about 500 MB each of which most is the same
+    torch (benchmarks/grading.py); forked ones share those pages until they write them, and start
+    without importing anything — a judge that a submission's values crashed is back in a fraction
+    of a second. With ``private_network`` the host, and so every judge it forks, runs in a network
+    namespace of its own (``bwrap --unshare-net``): the ranks their reference runs start listen on
+    a loopback no submission shares. Like a judge, the host dies with the thread that started it.
+    """
+
+    def __init__(self, *, private_network: bool = False):
+        import shutil
+        import socket
+        import tempfile
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.log = tempfile.TemporaryFile(prefix="gpucourse-judge-host-")
+        # -P: the package on PYTHONPATH (this one), never one in the current folder (another checkout)
+        argv = [sys.executable, "-P", "-m", "gpucourse.grading.judge", "--host", str(theirs.fileno())]
+        self.wrapped = bool(private_network and shutil.which("bwrap"))
+        if self.wrapped:
+            argv = [shutil.which("bwrap"), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent",
+                    "--", *argv]
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
+                                         env=_judge_env(), pass_fds=[theirs.fileno()])
+        finally:
+            theirs.close()
+        self.sock = ours
+        self._forking = threading.Lock()
+        self._changed = threading.Condition()
+        self._forked: list[int] = []           # pids, in the order of the requests (one at a time)
+        self._exited: dict[int, int | None] = {}
+        self._ended = False
+        self._reader = threading.Thread(target=self._read, name="judge host", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            with self._changed:
+                if not data:                   # the host ended: so did its judges (parent-death signal)
+                    self._ended = True
+                    self._changed.notify_all()
+                    return
+                reply = json.loads(data)
+                if "pid" in reply:
+                    self._forked.append(reply["pid"])
+                else:
+                    self._exited[reply["exited"]] = reply["status"]
+                self._changed.notify_all()
+
+    def alive(self) -> bool:
+        return not self._ended and self.proc.poll() is None
+
+    def fork(self, argv: list[str], stdin: int, stdout: int, stderr: int, timeout: float = 600) -> "_ForkedJudge":
+        """A judge forked with ``argv`` (:func:`.judge.main`'s), reading ``stdin``, writing ``stdout``."""
+        import socket
+
+        with self._forking, self._changed:
+            try:
+                socket.send_fds(self.sock, [json.dumps(argv).encode()], [stdin, stdout, stderr])
+            except OSError as e:
+                raise JudgeGone(f"the judge host has ended ({e})") from None
+            if not self._changed.wait_for(lambda: self._forked or self._ended, timeout) or not self._forked:
+                raise JudgeGone(f"the judge host did not fork a judge ({self._tail()})")
+            return _ForkedJudge(self, self._forked.pop(0))
+
+    def status(self, pid: int, timeout: float | None) -> tuple[bool, int | None]:
+        """(ended, exit status) of a judge forked here, waiting up to ``timeout`` for its end."""
+        with self._changed:
+            self._changed.wait_for(lambda: pid in self._exited or self._ended, timeout)
+            if pid in self._exited:
+                return True, self._exited[pid]
+            return self._ended, None
+
+    def _tail(self) -> str:
+        try:
+            self.log.seek(0)
+            lines = self.log.read().decode(errors="replace").strip().splitlines()
+        except (OSError, ValueError):
+            lines = []
+        return lines[-1] if lines else f"exit status {self.proc.poll()}"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(2)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=10)
+        self.sock.close()
+        self.log.close()
+
+
+class _ForkedJudge:
+    """What :class:`JudgeProcess` uses of a ``Popen``, for a judge that a :class:`JudgeHost` forked."""
+
+    def __init__(self, host: JudgeHost, pid: int):
+        self.host, self.pid = host, pid
+        self.returncode: int | None = None
+        self.stdin = self.stdout = None
+        self._lock = threading.Lock()
+        try:        # a handle on this very process: kill() can never reach another that reuses the pid
+            self._pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def _ended(self, status: int | None) -> int:
+        with self._lock:                       # poll() is called from several threads: close it once
+            self.returncode = -9 if status is None else status      # None: the host's end killed it
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            ended, status = self.host.status(self.pid, 0)
+            if ended:
+                self._ended(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            ended, status = self.host.status(self.pid, timeout)
+            if not ended:
+                raise subprocess.TimeoutExpired(f"judge {self.pid}", timeout)
+            self._ended(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        import signal
+
+        if self.poll() is None:
+            with self._lock, contextlib.suppress(OSError):
+                if self._pidfd is not None:
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                elif self.returncode is None:
+                    os.kill(self.pid, signal.SIGKILL)
+
+
 class JudgeProcess:
     """A judge in a child process, spoken to in JSON lines over its stdin/stdout.
 
@@ -707,35 +865,35 @@ class JudgeProcess:
     """
 
     def __init__(self, chapter: str, solutions: str | os.PathLike, *, local: bool, private_network: bool = False,
-                 public: str | os.PathLike | None = None):
+                 public: str | os.PathLike | None = None, host: JudgeHost | None = None):
         """``private_network``: run it in a network namespace of its own (``bwrap --unshare-net``), so
         the ranks its reference runs start listen on a loopback nobody else shares. ``public``: a
         public cases file (:mod:`.public`): a public judge, ``solutions`` then being the folder of the
-        release notebook."""
+        release notebook. ``host``: fork it from that :class:`JudgeHost` (whose network it shares)
+        instead of starting an interpreter."""
         import shutil
         import tempfile
 
         self.chapter = chapter
         self.log = tempfile.NamedTemporaryFile(prefix="gpucourse-judge-", suffix=".log", delete=False)
-        argv = [sys.executable, "-m", "gpucourse.grading.judge", "--chapter", chapter,
-                "--solutions", str(solutions)]
-        env = dict(os.environ, MPLBACKEND="agg", PYTHONDONTWRITEBYTECODE="1")
-        # the judge runs the very package this process imported (not whatever an install points at)
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(_PACKAGE_DIR).parent),
-                                             *filter(None, [os.environ.get("PYTHONPATH")])])
-        env.pop("GPUCOURSE_RESULT_FD", None)
+        args = ["--chapter", chapter, "--solutions", str(solutions)]
+        args += ["--public", str(public)] if public is not None else []
+        argv = [sys.executable, "-P", "-m", "gpucourse.grading.judge", *args]     # -P: as the host
         argv += ["--die-with-parent"] if local else []
-        argv += ["--public", str(public)] if public is not None else []
-        self.wrapped = bool(private_network and shutil.which("bwrap"))
+        self.wrapped = bool(private_network and shutil.which("bwrap")) and host is None
         if self.wrapped:
             argv = [shutil.which("bwrap"), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent",
                     "--", *argv]
         try:
-            # local: a session of its own, so that the kernel's interrupt (Jupyter signals the kernel's
-            # whole process group; nbgrader validate does so when a cell overruns) does not kill it
-            # mid-way and read as "your values crashed the judge"; it still dies with the kernel
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                         env=env, close_fds=True, start_new_session=local)
+            if host is not None:
+                self.proc = self._fork(host, args)
+            else:
+                # local: a session of its own, so that the kernel's interrupt (Jupyter signals the
+                # kernel's whole process group; nbgrader validate does so when a cell overruns) does
+                # not kill it mid-way and read as "your values crashed the judge"; it still dies
+                # with the kernel
+                self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                             env=_judge_env(), close_fds=True, start_new_session=local)
         finally:
             # the judge writes to the open file, and its last line is read through self.log: the
             # name is not needed, and a judge that ends with its kernel leaves no file behind
@@ -743,6 +901,19 @@ class JudgeProcess:
                 os.unlink(self.log.name)
         self.lock = threading.Lock()
         self.hello = self.request({"op": "hello"}, timeout=600)
+
+    def _fork(self, host: JudgeHost, args: list[str]) -> _ForkedJudge:
+        to_judge, from_judge = os.pipe(), os.pipe()      # (read, write) each
+        try:
+            proc = host.fork(args, to_judge[0], from_judge[1], self.log.fileno())
+        except BaseException:
+            for fd in (*to_judge, *from_judge):
+                os.close(fd)
+            raise
+        os.close(to_judge[0])
+        os.close(from_judge[1])
+        proc.stdin, proc.stdout = os.fdopen(to_judge[1], "wb"), os.fdopen(from_judge[0], "rb")
+        return proc
 
     def request(self, message: dict, timeout: float = 600) -> dict:
         """The judge's reply to ``message`` (a JSON object), within ``timeout`` seconds of sending it.

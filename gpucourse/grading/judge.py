@@ -446,5 +446,93 @@ def main(argv=None) -> int:
     return 0
 
 
+def _preload() -> None:
+    """What every judge imports, imported once by the host (:func:`host`): its forks share the pages."""
+    for name in ("torch", "torch.distributed", "torch.nn", "torch.optim", "nbformat", "gpucourse",
+                 "IPython.core.interactiveshell"):
+        with contextlib.suppress(Exception):    # a judge that needs it meets the failure and reports it
+            __import__(name)
+
+
+def host(fd: int) -> int:
+    """``--host FD``: import torch, IPython and the course once, then fork one judge per request.
+
+    Requests come over the ``SOCK_SEQPACKET`` socket ``FD``, one message each: a JSON list, the
+    judge's arguments, with three file descriptors (its stdin, stdout, stderr). The reply is
+    ``{"pid": …}``; when a judge ends, ``{"exited": pid, "status": …}`` follows (negative: the
+    signal that ended it). A forked judge shares the pages of everything imported here with the
+    others (copy-on-write), instead of each holding its own torch, and starts in a fraction of a
+    second — a judge that a submission's values crashed included. The host ends when its socket
+    closes; its judges die with it (a parent-death signal). The host starts no thread (a fork
+    copies only the thread that forks).
+    """
+    import selectors
+    import socket
+
+    _preload()
+    sock = socket.socket(fileno=fd)
+    wake_r, wake_w = os.pipe()
+    for end in (wake_r, wake_w):
+        os.set_blocking(end, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)      # the wake-up byte is what counts
+    sel = selectors.DefaultSelector()
+    sel.register(sock, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+
+    def reap() -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            with contextlib.suppress(OSError):
+                sock.send(json.dumps({"exited": pid, "status": os.waitstatus_to_exitcode(status)}).encode())
+
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj == wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 512)
+                reap()
+                continue
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
+            except OSError:
+                message, fds = b"", []
+            if not message:                   # the grader closed it (or ended): so do its judges
+                return 0
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    signal.set_wakeup_fd(-1)
+                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    sel.close()
+                    sock.close()
+                    for end in (wake_r, wake_w):
+                        os.close(end)
+                    for target, source in enumerate(fds):
+                        os.dup2(source, target)
+                    for source in fds:
+                        if source > 2:
+                            os.close(source)
+                    sys.stdin = open(0, encoding="utf-8", closefd=False)     # noqa: SIM115
+                    _die_with_parent()
+                    code = main(json.loads(message))
+                except BaseException:  # noqa: BLE001 - a judge's end, never a second host
+                    traceback.print_exc()
+                    code = 1
+                with contextlib.suppress(Exception):
+                    sys.stderr.flush()
+                os._exit(code if isinstance(code, int) else 1)
+            for source in fds:
+                os.close(source)
+            sock.send(json.dumps({"pid": pid}).encode())
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--host"]:
+        sys.exit(host(int(sys.argv[2])))
     sys.exit(main())

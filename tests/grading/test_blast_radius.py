@@ -209,3 +209,64 @@ def test_a_class_with_crashers_and_stallers_grades_the_honest_in_bounded_time(fr
     assert rows["crasher"]["hidden"] == rows["staller"]["hidden"] == "✗"
     assert all(n["status"] == "graded" for n in data["notebooks"]), data["notebooks"]
     assert elapsed < 120, f"the class took {elapsed:.0f} s"
+
+
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
+def _private_mb(pid: int) -> int:
+    """Memory only this process holds (its pages no other process maps), MB."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/smaps_rollup").read().splitlines()[1:])
+    return sum(int(fields[k].split()[0]) for k in ("Private_Clean", "Private_Dirty")) >> 10
+
+
+def test_judges_are_forked_from_one_host_and_one_crash_costs_a_fork_not_a_start(fragile_release):
+    """The judges of a grading run are forks of one host that imported torch and the course once: they
+    share those pages instead of each holding its own copy, and a judge that values crashed is
+    replaced in a fraction of a second, by the same host."""
+    _, sol = fragile_release
+    judges = Judges(sol, SEED)
+    try:
+        judge = judges.get("99")
+        host = judges._host.proc.pid
+        assert _parent(judge.proc.pid) == host
+        rss = int(next(line for line in open(f"/proc/{judge.proc.pid}/status") if line.startswith("VmRSS"))
+                  .split()[1]) >> 10
+        # torch alone is hundreds of MB here; a judge started on its own holds ~45% of its RSS as its
+        # own pages (295 of 671 MB, chapter 00), a fork ~8% (24 of 310 MB here)
+        assert _private_mb(judge.proc.pid) < rss / 4, (_private_mb(judge.proc.pid), rss)
+        crashing = values_of(judges, "99.1", lambda x: -11)
+        honest = values_of(judges, "99.1", lambda x: x * x)
+        v = judges.compare("99", "99.1", crashing, "crasher")
+        assert v["message"] == "99.1: your values made the judge crash (signal 11): not compared", v
+        started = time.monotonic()
+        assert judges.compare("99", "99.1", honest, "honest")["passed"]
+        again = judges.get("99")
+        assert again is not judge and judges._host.proc.pid == host and _parent(again.proc.pid) == host
+        # a fresh judge loads the chapter's solutions and draws the slot's reference again: seconds,
+        # not the import of torch as well
+        assert time.monotonic() - started < 20
+    finally:
+        judges.close()
+    assert judge.proc.poll() is not None and again.proc.poll() is not None
+
+
+def test_a_host_that_ends_takes_its_judges_and_the_next_request_starts_another(fragile_release):
+    _, sol = fragile_release
+    judges = Judges(sol, SEED)
+    try:
+        judge = judges.get("99")
+        first = judges._host
+        honest = values_of(judges, "99.1", lambda x: x * x)
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while judge.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert judge.proc.poll() is not None, "a judge outlived its host"
+        assert not os.path.exists(f"/proc/{judge.proc.pid}/stat") or _parent(judge.proc.pid) != first.proc.pid
+        assert judges.compare("99", "99.1", honest, "honest")["passed"]
+        assert judges._host is not first and _parent(judges.get("99").proc.pid) == judges._host.proc.pid
+    finally:
+        judges.close()
