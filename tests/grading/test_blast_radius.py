@@ -270,3 +270,18 @@ def test_a_host_that_ends_takes_its_judges_and_the_next_request_starts_another(f
         assert judges._host is not first and _parent(judges.get("99").proc.pid) == judges._host.proc.pid
     finally:
         judges.close()
+
+
+def test_a_gpucourse_in_the_current_folder_does_not_replace_the_judges(fragile_release, tmp_path, monkeypatch):
+    """Grading from inside another checkout of the course (an older version, a student's copy): the
+    judges run the grader's own package, not the one ``python -m`` would find in the current folder."""
+    _, sol = fragile_release
+    shadow = tmp_path / "elsewhere" / "gpucourse"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise SystemExit('the package in the current folder was imported')\n")
+    monkeypatch.chdir(shadow.parent)
+    judges = Judges(sol, SEED)
+    try:
+        assert judges.compare("99", "99.1", values_of(judges, "99.1", lambda x: x * x), "honest")["passed"]
+    finally:
+        judges.close()
