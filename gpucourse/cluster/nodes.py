@@ -353,11 +353,13 @@ def _node_jobs(launcher, script, script_args, node, nnodes, nproc, master_addr, 
         cmd = torchrun_command(script, nnodes=nnodes, node_rank=node, nproc_per_node=nproc,
                                master_addr=master_addr, master_port=port,
                                script_args=script_args, python=py)
-        # label every output line with its global rank; keep torchrun's logs in our temp dir
+        # label every output line with its global rank; keep torchrun's logs in our temp dir. The
+        # label goes in the environment: torch 2.11's torchrun reads it only from there (its
+        # --log-line-prefix-template option is newer; 2.11 hands an unknown option to python, and
+        # every rank exits with status 2)
         i = cmd.index(str(script))
-        cmd[i:i] = ["--tee=3", "--log-line-prefix-template=[rank ${rank}] ",
-                    f"--log-dir={os.path.join(tmp, f'torchrun-node{node}')}"]
-        return [(None, cmd, {})]
+        cmd[i:i] = ["--tee=3", f"--log-dir={os.path.join(tmp, f'torchrun-node{node}')}"]
+        return [(None, cmd, {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank ${rank}] "})]
     if launcher == "srun":
         nodelist = f"node[{0:02d}-{nnodes - 1:02d}]" if nnodes > 1 else "node00"
         jobs = []
