@@ -25,6 +25,11 @@ graded with one seed computes each reference once. Values from a kernel are read
 (:mod:`.structure`), before a check's compare sees them. Anything a cell prints goes to stderr;
 stdout carries only the replies.
 
+**Host mode** (``--host FD``, :func:`host`): a grading run starts one host that imports torch,
+IPython and the course once and forks a judge per chapter on request (:class:`.harness.JudgeHost`);
+the forks share those pages and start in a fraction of a second. A learner's own check starts its
+judge directly.
+
 **Public mode** (``--public exercises/public/08_public_cases.json --solutions exercises/``): where the
 course's ``solutions/`` are absent (see :mod:`.public`). The judge loads the *release* notebook —
 only the cells the course wrote, by their content hashes (set-up, helpers, check cells; an answer
