@@ -708,6 +708,19 @@ def _judge_env() -> dict:
     return env
 
 
+def _judge_command(args: list[str], *, private_network: bool) -> tuple[list[str], bool]:
+    """``python -P -m gpucourse.grading.judge ARGS`` (-P: the package on PYTHONPATH, this one, never
+    one in the current folder, another checkout) — under ``bwrap --unshare-net`` with
+    ``private_network`` where bwrap exists; and whether it is."""
+    import shutil
+
+    argv = [sys.executable, "-P", "-m", "gpucourse.grading.judge", *args]
+    bwrap = shutil.which("bwrap") if private_network else None
+    if bwrap:
+        argv = [bwrap, "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent", "--", *argv]
+    return argv, bwrap is not None
+
+
 class JudgeHost:
     """One process that imports torch, IPython and the course once and forks the judges of a
     grading run (``python -m gpucourse.grading.judge --host``; see :func:`.judge.host`).
@@ -721,18 +734,12 @@ class JudgeHost:
     """
 
     def __init__(self, *, private_network: bool = False):
-        import shutil
         import socket
         import tempfile
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log = tempfile.TemporaryFile(prefix="gpucourse-judge-host-")
-        # -P: the package on PYTHONPATH (this one), never one in the current folder (another checkout)
-        argv = [sys.executable, "-P", "-m", "gpucourse.grading.judge", "--host", str(theirs.fileno())]
-        self.wrapped = bool(private_network and shutil.which("bwrap"))
-        if self.wrapped:
-            argv = [shutil.which("bwrap"), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent",
-                    "--", *argv]
+        argv, _ = _judge_command(["--host", str(theirs.fileno())], private_network=private_network)
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
                                          env=_judge_env(), pass_fds=[theirs.fileno()])
@@ -871,23 +878,19 @@ class JudgeProcess:
         public cases file (:mod:`.public`): a public judge, ``solutions`` then being the folder of the
         release notebook. ``host``: fork it from that :class:`JudgeHost` (whose network it shares)
         instead of starting an interpreter."""
-        import shutil
         import tempfile
 
         self.chapter = chapter
         self.log = tempfile.NamedTemporaryFile(prefix="gpucourse-judge-", suffix=".log", delete=False)
         args = ["--chapter", chapter, "--solutions", str(solutions)]
         args += ["--public", str(public)] if public is not None else []
-        argv = [sys.executable, "-P", "-m", "gpucourse.grading.judge", *args]     # -P: as the host
-        argv += ["--die-with-parent"] if local else []
-        self.wrapped = bool(private_network and shutil.which("bwrap")) and host is None
-        if self.wrapped:
-            argv = [shutil.which("bwrap"), "--dev-bind", "/", "/", "--unshare-net", "--die-with-parent",
-                    "--", *argv]
+        self.wrapped = False
         try:
             if host is not None:
                 self.proc = self._fork(host, args)
             else:
+                argv, self.wrapped = _judge_command(args + (["--die-with-parent"] if local else []),
+                                                    private_network=private_network)
                 # local: a session of its own, so that the kernel's interrupt (Jupyter signals the
                 # kernel's whole process group; nbgrader validate does so when a cell overruns) does
                 # not kill it mid-way and read as "your values crashed the judge"; it still dies

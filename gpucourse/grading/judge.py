@@ -474,6 +474,8 @@ def host(fd: int) -> int:
     import selectors
     import socket
 
+    from ..runtime.process_tree import reap_children
+
     _preload()
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
@@ -485,23 +487,14 @@ def host(fd: int) -> int:
     sel.register(sock, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
 
-    def reap() -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            with contextlib.suppress(OSError):
-                sock.send(json.dumps({"exited": pid, "status": os.waitstatus_to_exitcode(status)}).encode())
-
     while True:
         for key, _ in sel.select():
             if key.fileobj == wake_r:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
-                reap()
+                for pid, code in reap_children():
+                    with contextlib.suppress(OSError):
+                        sock.send(json.dumps({"exited": pid, "status": code}).encode())
                 continue
             try:
                 message, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)

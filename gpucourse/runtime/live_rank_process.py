@@ -43,7 +43,7 @@ import sys
 import time
 import traceback
 
-from .process_tree import LAUNCH_ID_VARIABLE, become_subreaper, kill_my_descendants
+from .process_tree import LAUNCH_ID_VARIABLE, become_subreaper, kill_my_descendants, reap_children
 from .rank_process import _linux_child_setup, _redirect_output
 
 __all__ = ["CELL_PREFIX", "keeper_main", "plain", "rank_main"]
@@ -108,11 +108,11 @@ def _keep(kernel_conn, pids: dict[int, int]) -> None:
                     return
             except (EOFError, OSError):               # the kernel is gone
                 return
-        for pid, status in _reap_children():
+        for pid, code in reap_children():
             rank = pids.pop(pid, None)
             if rank is not None:
                 with contextlib.suppress(Exception):
-                    kernel_conn.send(("exited", rank, _exit_code(status)))
+                    kernel_conn.send(("exited", rank, code))
 
 
 def _stop_all(pids: dict[int, int]) -> None:
@@ -130,23 +130,6 @@ def _stop_all(pids: dict[int, int]) -> None:
                 time.sleep(0.005)
         except ChildProcessError:                      # no child left
             return
-
-
-def _reap_children():
-    found = []
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            break
-        found.append((pid, status))
-    return found
-
-
-def _exit_code(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 def _quiet(log_path: str) -> None:

@@ -189,6 +189,21 @@ def _reap(pids, deadline: float) -> None:
             time.sleep(0.005)
 
 
+def reap_children() -> list[tuple[int, int]]:
+    """``(pid, exit code)`` of every child of this process that has ended, reaped now (without
+    waiting); the code is negative for a child a signal ended (``-9``: SIGKILL)."""
+    found = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        found.append((pid, os.waitstatus_to_exitcode(status)))
+    return found
+
+
 def _reap_any() -> None:
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0]:
