@@ -330,12 +330,42 @@ def _line(ename: str, evalue: str | None) -> str:
     return f"{ename}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+#: how many of a lesson's slowest cells the report lists
+SLOWEST_CELLS = 5
+
+
+def slowest_cells(timings: dict[int, float], sources: list[str], running: tuple[int, float] | None = None,
+                  n: int = SLOWEST_CELLS) -> list[dict]:
+    """The ``n`` slowest code cells, slowest first: ``{"cell", "seconds", "first_line"}``; a cell still
+    running when the notebook stopped is listed with ``"running": True`` and its time so far, so a
+    time-out shows whether one cell hung or the cells before it used up the time.
+
+    >>> rows = slowest_cells({0: 0.1, 2: 3.0, 3: 1.0}, ["a", "b", "go()", "c", "d"], running=(4, 2.0), n=3)
+    >>> for row in rows:
+    ...     print(row)
+    {'cell': 2, 'seconds': 3.0, 'first_line': 'go()'}
+    {'cell': 4, 'seconds': 2.0, 'first_line': 'd', 'running': True}
+    {'cell': 3, 'seconds': 1.0, 'first_line': 'c'}
+    """
+    rows = [{"cell": i, "seconds": round(t, 2), "first_line": (sources[i].strip().splitlines() or [""])[0][:80]}
+            for i, t in timings.items()]
+    if running is not None:
+        i, t = running
+        rows.append({"cell": i, "seconds": round(t, 2),
+                     "first_line": (sources[i].strip().splitlines() or [""])[0][:80], "running": True})
+    return sorted(rows, key=lambda r: -r["seconds"])[:n]
+
+
 def run_one_notebook(path: Path, seconds: float, result: Path) -> None:
     """The worker (``--run-notebook``): execute ``path`` in a fresh ``python3`` kernel, cwd = its
-    folder, every cell within what is left of ``seconds``; write {status, detail, cell} as JSON."""
+    folder, every cell within what is left of ``seconds``; write {status, detail, cell, slowest}
+    as JSON (``slowest``: its slowest cells with their seconds, see :func:`slowest_cells`)."""
     start = time.monotonic()
     deadline = start + seconds
     record = {"status": "ran", "detail": "", "cell": None}
+    timings: dict[int, float] = {}
+    sources: list[str] = []
+    cell_at: dict = {}
     try:
         import nbformat
         from nbclient import NotebookClient
@@ -346,12 +376,20 @@ def run_one_notebook(path: Path, seconds: float, result: Path) -> None:
                                 allow_errors=False, record_timing=False,
                                 resources={"metadata": {"path": str(path.parent)}})
         client.timeout_func = lambda cell: max(1, int(deadline - time.monotonic()))
-        cell_at = {}
+        sources[:] = [c.source if c.cell_type == "code" else "" for c in nb.cells]
 
-        def on_cell_start(cell, cell_index):
+        def on_cell_start(cell, cell_index):            # every cell, markdown too
             cell_at["index"] = cell_index
 
+        def on_cell_execute(cell, cell_index):          # a code cell, just before it is sent
+            cell_at["since"] = time.monotonic()
+
+        def on_cell_executed(cell, cell_index, execute_reply):
+            timings[cell_index] = time.monotonic() - cell_at.pop("since", time.monotonic())
+
         client.on_cell_start = on_cell_start
+        client.on_cell_execute = on_cell_execute
+        client.on_cell_executed = on_cell_executed
         try:
             client.execute()
         except CellTimeoutError:
@@ -369,6 +407,10 @@ def run_one_notebook(path: Path, seconds: float, result: Path) -> None:
                           output=text[-30:])
     except Exception as e:                       # nbclient missing, the kernel would not start, ...
         record.update(status="failed", detail=_line(type(e).__name__, str(e)))
+    if sources:
+        running = ((cell_at["index"], time.monotonic() - cell_at["since"]) if "since" in cell_at
+                   and cell_at.get("index") is not None else None)
+        record["slowest"] = slowest_cells(timings, sources, running)
     record["seconds"] = time.monotonic() - start
     result.write_text(json.dumps(record))
 
@@ -397,7 +439,7 @@ def run_notebooks(root: Path, python: str, deadline: float, env: dict, workers: 
         except (OSError, ValueError):
             return item("notebook", nb.name, chapter, "failed", seconds,
                         f"the worker ended (exit {rc}) without a result: {first_error_line(out)}")
-        extra = {"output": rec["output"]} if rec.get("output") else {}
+        extra = {key: rec[key] for key in ("output", "slowest") if rec.get(key)}
         return item("notebook", nb.name, chapter, rec["status"], seconds, rec["detail"], cell=rec["cell"], **extra)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -489,6 +531,15 @@ def write_report(report: dict, out: Path, name: str) -> tuple[Path, Path]:
     if report["skipped_multigpu"]:
         lines += ["", "## multigpu tests skipped", ""]
         lines += [f"- {n['name']}: {n['detail']}" for n in report["skipped_multigpu"]]
+    slow = [it for it in report["items"] if it.get("slowest")]
+    if slow:
+        lines += ["", "## The slowest cells of each lesson", "",
+                  "| lesson | status | cell | seconds | first line |", "| --- | --- | ---: | ---: | --- |"]
+        for it in slow:
+            for c in it["slowest"]:
+                state = " (still running)" if c.get("running") else ""
+                lines.append(f"| {it['name']} | {it['status']} | {c['cell']}{state} | {c['seconds']:.1f} | "
+                             f"`{c['first_line'].replace('|', '/').replace('`', chr(39))}` |")
     for it in report["items"]:
         if it.get("output"):
             lines += ["", f"## {it['name']} (last lines of its output)", "", "```", *it["output"], "```"]

@@ -126,6 +126,43 @@ def test_a_second_call_can_re_check_only_the_lessons_that_failed(tmp_path):
     assert bad.returncode == 2 and "--parts takes tests, benchmarks and notebooks, not lessons" in bad.stderr
 
 
+@pytest.mark.slow
+def test_a_lesson_that_runs_out_of_time_names_its_slowest_cells_and_the_one_still_running(tmp_path):
+    # lessons 04 and 08 ran out of time on a GPU and the report named only the cell they stopped at:
+    # it must say whether that cell hung or the cells before it used up the time
+    root = tmp_path / "course"
+    (root / "notebooks").mkdir(parents=True)
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import time"),
+        nbformat.v4.new_code_cell("time.sleep(2)  # a slow cell"),
+        nbformat.v4.new_markdown_cell("## then one that hangs"),
+        nbformat.v4.new_code_cell("time.sleep(600)"),
+        nbformat.v4.new_markdown_cell("never reached")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / "notebooks" / "04_slow.ipynb")
+    _notebook(root / "notebooks" / "01_quick.ipynb", "import time", "time.sleep(1)", "x = 1")
+    out = tmp_path / "out"
+    r = _run("--pretend-cuda", "1", "--root", str(root), "--out", str(out), "--time-limit", "40",
+             "--parts", "notebooks", env={"GPU_CHECK_GRACE_S": "8"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    report = json.loads((out / "gpu_check_report.json").read_text())
+    items = {it["name"]: it for it in report["items"]}
+    slow = items["04_slow.ipynb"]
+    assert slow["status"] == "failed" and slow["detail"].startswith("timeout: cell 3"), slow
+    hung, before, *rest = slow["slowest"]
+    assert hung["cell"] == 3 and hung.get("running") and hung["seconds"] > 5, slow["slowest"]
+    assert hung["first_line"] == "time.sleep(600)"
+    assert before == {"cell": 1, "seconds": before["seconds"], "first_line": "time.sleep(2)  # a slow cell"}
+    assert 1.9 <= before["seconds"] < 5, before
+    assert [c["cell"] for c in rest] == [0] and not any(c.get("running") for c in [before, *rest])
+    quick = items["01_quick.ipynb"]
+    assert quick["status"] == "ran" and [c["cell"] for c in quick["slowest"]][0] == 1, quick
+    assert 0.9 <= quick["slowest"][0]["seconds"] < 4 and not any(c.get("running") for c in quick["slowest"])
+    md = (out / "gpu_check_report.md").read_text()
+    assert "## The slowest cells of each lesson" in md
+    assert "| 04_slow.ipynb | failed | 3 (still running) |" in md and "`time.sleep(600)`" in md
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
