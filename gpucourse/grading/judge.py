@@ -474,7 +474,7 @@ def host(fd: int) -> int:
     import selectors
     import socket
 
-    from ..runtime.process_tree import reap_children
+    from ..runtime import reap_children
 
     _preload()
     sock = socket.socket(fileno=fd)

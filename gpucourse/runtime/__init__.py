@@ -25,6 +25,7 @@ from .agreement import same_on_every_rank
 from .launcher import WorkerError, free_port, launch
 from .live_ranks import LiveRanks, RankError, RankTimeout, ranks, start_ranks
 from .ports import listen_on
+from .process_tree import reap_children
 from .printing import in_kernel, print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
 from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
@@ -32,6 +33,6 @@ from .validate import check_choice, check_int, check_number, check_positive, che
 __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cores", "default_backend", "rank_device",
            "virtual_devices", "visible_devices", "WorkerError", "free_port", "group_info", "same_on_every_rank", "launch",
            "LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks",
-           "listen_on", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
+           "listen_on", "reap_children", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
            "measure", "speedup", "check_choice", "check_int", "check_number", "check_positive",
            "check_tensor", "check_type", "run_main"]
