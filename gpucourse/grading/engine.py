@@ -159,6 +159,7 @@ def execute(nb, *, slots: dict, cwd: str, cell_timeout: float, notebook_timeout:
         async def run(self, env):
             nonlocal deadline
             async with self.async_setup_kernel(**({"env": env} if env else {})):
+                record["kernel_pid"] = getattr(self.km.provisioner, "pid", None)
                 await self.async_wait_for_reply(await ensure_async(self.kc.kernel_info()))
                 msg_id = await ensure_async(self.kc.execute(
                     f"{_HARNESS}.install_graded({int(output_limit)})", silent=True, store_history=False))

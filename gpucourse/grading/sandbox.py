@@ -547,17 +547,33 @@ def kill_token(token: str) -> int:
     return count
 
 
-def _kill_descendants() -> int:
-    """In the shepherd: kill and reap every descendant (orphans come to us, we are a subreaper)."""
-    count = 0
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2:].split()[0] == b"Z"
+    except (OSError, ValueError, IndexError):
+        return True                                     # gone: nothing left running either
+
+
+def _kill_descendants(kernel: int | None = None) -> int:
+    """In the shepherd: kill and reap every descendant (orphans come to us, we are a subreaper).
+
+    Returns how many processes the notebook left running: each counted once (one that outlives a
+    first SIGKILL for a moment — a large process takes time to exit — is killed again, not counted
+    again), neither the ``kernel`` itself (its end is the notebook's end) nor a process that had
+    already exited and was only waiting to be reaped (a zombie)."""
+    left: set[int] = set()
     for _ in range(200):
         pids = descendants(os.getpid())
         if not pids:
             break
         for p in pids:
+            alive = p != kernel and p not in left and not _is_zombie(p)
             try:
                 os.kill(p, signal.SIGKILL)
-                count += 1
+                if alive:
+                    left.add(p)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + 0.2
@@ -567,7 +583,7 @@ def _kill_descendants() -> int:
                     time.sleep(0.01)
             except ChildProcessError:
                 break
-    return count
+    return len(left)
 
 
 def _disk_full(job: dict) -> str:
@@ -610,7 +626,7 @@ def shepherd_main() -> None:
     record = engine.execute(nb, slots=job["slots"], cwd=job["cwd"], cell_timeout=job["cell_timeout"],
                             notebook_timeout=job["notebook_timeout"], output_limit=job["output_limit"],
                             env=dict(os.environ))
-    record["leftovers_killed"] = _kill_descendants()
+    record["leftovers_killed"] = _kill_descendants(kernel=record.pop("kernel_pid", None))
     hit = _disk_full(job)
     if hit:
         record.setdefault("limits_hit", []).append(hit)

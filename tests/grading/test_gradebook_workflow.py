@@ -281,6 +281,29 @@ def test_the_same_seed_gives_the_same_gradebook(tiny_release, tmp_path):
     assert any("rank 0 raised ValueError: rank 0 has no data" in e for e in bob["other_errors"]), bob
 
 
+LEAVE_TWO = """import subprocess, sys
+stay = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=new)
+        for new in (False, True)]"""
+
+
+def test_processes_killed_after_counts_what_the_notebook_left_running_and_only_that(tiny_release, tmp_path):
+    # the kernel itself is stopped after every notebook, and a process that had ended already (a
+    # failed rank its launcher had not reaped yet) left nothing running: neither counts; a process
+    # that outlives a first SIGKILL for a moment counts once. This count used to read 1 for every
+    # notebook (the kernel), 2 now and then on a loaded machine.
+    rel, sol = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "ann", "return x * x")
+    tiny_submission(subs, "bob", "return x * x", extra=[RANKS_FAIL])
+    tiny_submission(subs, "eve", "return x * x", extra=[LEAVE_TWO])
+    code, data, out = _grade([subs], rel, sol, json_path=tmp_path / "g.json")
+    assert code == 0, out                       # all three answers are right
+    bob, = [n for n in data["notebooks"] if n["student"] == "bob"]
+    assert any("rank 0 has no data" in e for e in bob["other_errors"]), bob
+    left = {n["student"]: n["processes_killed_after"] for n in data["notebooks"]}
+    assert left == {"ann": 0, "bob": 0, "eve": 2}, left
+
+
 def test_chapter_selects_that_chapters_notebooks_in_a_folder_of_several(tiny_release, tmp_path):
     rel, sol = tiny_release
     other = TINY.replace("99", "98")
