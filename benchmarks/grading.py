@@ -11,14 +11,15 @@ sandbox and not counted. The judges' target is on what they hold (PSS summed, di
 of judges, the host's share included): RSS would count the torch that the host's forks share once
 in every fork, and a fork's RSS includes every page it shares with the host.
 
-    python benchmarks/grading.py                    # targets: ratio >= 1.8x, judges <= 400 MB each (issue 41), 0 mis-graded
+    python benchmarks/grading.py                    # targets (issue 41): ratio >= 1.8x, judges <= 400 MB, 0 mis-graded
     python benchmarks/grading.py --nbgrader         # also time `nbgrader autograde` on the same class
     python benchmarks/grading.py --chapters 00 03   # another selection (10 notebooks per chapter)
 
 The seed is fixed (--seed), so the two runs grade the same inputs. The same-run ceiling printed
-beside the ratio: the CPU time the class took with 1 worker (the machine's busy time during the run,
-from /proc/stat: run it on an idle machine), spread over 2 cores — a notebook that launches ranks already keeps more than one core
-busy with 1 worker, and that part cannot run twice as fast with 2.
+beside the ratio: the CPU time the class took with 1 worker (the machine's busy time during the
+run, from /proc/stat: run it on an idle machine), spread over 2 cores — a notebook that launches
+ranks already keeps more than one core busy with 1 worker, and that part cannot run twice as fast
+with 2.
 """
 
 import argparse
@@ -204,8 +205,9 @@ def run(folder: Path, workers: int, out: Path, seed: int) -> dict:
     data = json.loads(out.read_text())
     peak_mb = {k: v / 2**20 for k, v in peak.items() if k != "judge_count"}
     peak_mb["judge_count"] = peak["judge_count"]
-    return {"seconds": elapsed, "cpu_seconds": cpu, "sampler_cpu": sampler_cpu[0], "peak_mb": peak_mb, "rows": data["rows"],
-            "notebooks": data["notebooks"], "code": proc.returncode, "stderr": err.decode()[-2000:]}
+    return {"seconds": elapsed, "cpu_seconds": cpu, "sampler_cpu": sampler_cpu[0], "peak_mb": peak_mb,
+            "rows": data["rows"], "notebooks": data["notebooks"], "code": proc.returncode,
+            "stderr": err.decode()[-2000:]}
 
 
 def misgraded(rows: list[dict], expected: dict[str, float]) -> list[str]:
