@@ -149,15 +149,20 @@ def test_a_lesson_that_runs_out_of_time_names_its_slowest_cells_and_the_one_stil
     items = {it["name"]: it for it in report["items"]}
     slow = items["04_slow.ipynb"]
     assert slow["status"] == "failed" and slow["detail"].startswith("timeout: cell 3"), slow
-    hung, before, *rest = slow["slowest"]
-    assert hung["cell"] == 3 and hung.get("running") and hung["seconds"] > 5, slow["slowest"]
-    assert hung["first_line"] == "time.sleep(600)"
+    # how long the hung cell ran depends on how long the kernel took to start (a loaded machine
+    # leaves it seconds): the report must name it, not rank it first
+    cells = {c["cell"]: c for c in slow["slowest"]}
+    assert set(cells) == {0, 1, 3}, slow["slowest"]            # the code cells; markdown is not timed
+    assert [c["seconds"] for c in slow["slowest"]] == sorted((c["seconds"] for c in slow["slowest"]), reverse=True)
+    hung, before = cells[3], cells[1]
+    assert hung["running"] is True and hung["seconds"] > 0 and hung["first_line"] == "time.sleep(600)", hung
     assert before == {"cell": 1, "seconds": before["seconds"], "first_line": "time.sleep(2)  # a slow cell"}
-    assert 1.9 <= before["seconds"] < 5, before
-    assert [c["cell"] for c in rest] == [0] and not any(c.get("running") for c in [before, *rest])
+    assert 1.9 <= before["seconds"] < 10, before
+    assert "running" not in cells[0]
     quick = items["01_quick.ipynb"]
-    assert quick["status"] == "ran" and [c["cell"] for c in quick["slowest"]][0] == 1, quick
-    assert 0.9 <= quick["slowest"][0]["seconds"] < 4 and not any(c.get("running") for c in quick["slowest"])
+    sleep = {c["cell"]: c for c in quick["slowest"]}[1]
+    assert quick["status"] == "ran" and 0.9 <= sleep["seconds"] < 10, quick
+    assert not any(c.get("running") for c in quick["slowest"])
     md = (out / "gpu_check_report.md").read_text()
     assert "## The slowest cells of each lesson" in md
     assert "| 04_slow.ipynb | failed | 3 (still running) |" in md and "`time.sleep(600)`" in md
