@@ -347,12 +347,9 @@ def slowest_cells(timings: dict[int, float], sources: list[str], running: tuple[
     {'cell': 4, 'seconds': 2.0, 'first_line': 'd', 'running': True}
     {'cell': 3, 'seconds': 1.0, 'first_line': 'c'}
     """
-    rows = [{"cell": i, "seconds": round(t, 2), "first_line": (sources[i].strip().splitlines() or [""])[0][:80]}
-            for i, t in timings.items()]
-    if running is not None:
-        i, t = running
-        rows.append({"cell": i, "seconds": round(t, 2),
-                     "first_line": (sources[i].strip().splitlines() or [""])[0][:80], "running": True})
+    cells = [(i, t, False) for i, t in timings.items()] + ([(*running, True)] if running else [])
+    rows = [{"cell": i, "seconds": round(t, 2), "first_line": (sources[i].strip().splitlines() or [""])[0][:80],
+             **({"running": True} if still else {})} for i, t, still in cells]
     return sorted(rows, key=lambda r: -r["seconds"])[:n]
 
 
@@ -408,8 +405,8 @@ def run_one_notebook(path: Path, seconds: float, result: Path) -> None:
     except Exception as e:                       # nbclient missing, the kernel would not start, ...
         record.update(status="failed", detail=_line(type(e).__name__, str(e)))
     if sources:
-        running = ((cell_at["index"], time.monotonic() - cell_at["since"]) if "since" in cell_at
-                   and cell_at.get("index") is not None else None)
+        # "since" is set only between a code cell's start and its reply (on_cell_start set "index" first)
+        running = (cell_at["index"], time.monotonic() - cell_at["since"]) if "since" in cell_at else None
         record["slowest"] = slowest_cells(timings, sources, running)
     record["seconds"] = time.monotonic() - start
     result.write_text(json.dumps(record))
