@@ -37,7 +37,7 @@ from ..runtime import check_int, group_info, same_on_every_rank
 
 __all__ = ["ring_schedule", "ring_all_reduce", "naive_all_reduce"]
 
-#: default segment size for pipelining the ring (bytes); a chunk is sent in pieces of this size. Each
+#: default segment size for pipelining the ring (bytes); a chunk is sent in equal pieces of at most this size. Each
 #: piece is a message with a fixed cost; over gloo on CPUs 4 MB measured fastest (1 MB: 0.78-0.88x
 #: gloo's speed at 16 MB per rank, 4 MB: 0.98-1.05x, benchmarks/all_reduce.py), as in chapter 08's ring
 DEFAULT_SEGMENT_BYTES = 4 << 20
@@ -98,8 +98,27 @@ def _flat_real_view(contiguous: torch.Tensor) -> torch.Tensor:
     return contiguous.view(-1)
 
 
-def _segments(chunk: torch.Tensor, segment_elems: int) -> list[torch.Tensor]:
-    return [s for s in chunk.split(segment_elems) if s.numel() > 0]
+def _pieces(chunk_elems: int, max_elems: int) -> int:
+    """How many segments a chunk is cut into: the fewest of at most ``max_elems`` elements each.
+
+        >>> _pieces(1_398_102, 1_048_576), _pieces(2_097_152, 1_048_576), _pieces(5, 1), _pieces(0, 4)
+        (2, 2, 5, 1)
+    """
+    return max(1, -(-chunk_elems // max(1, max_elems)))
+
+
+def _segments(chunk: torch.Tensor, pieces: int) -> list[torch.Tensor]:
+    """``chunk`` cut into ``pieces`` segments of *equal* size (they differ by at most one element).
+
+    As gloo's own ring does: 4 MB pieces of a 5.3 MB chunk would be 4 MB + 1.3 MB, and the short
+    tail leaves the pipeline uneven; two pieces of 2.7 MB are not (``benchmarks/all_reduce.py`` at
+    3 ranks). The larger pieces come first, so a chunk one element shorter than another is cut into
+    pieces no larger than the other's, index by index (the receive buffers rely on it).
+
+        >>> [s.numel() for s in _segments(torch.zeros(10), 3)], [s.numel() for s in _segments(torch.zeros(2), 3)]
+        ([4, 3, 3], [1, 1])
+    """
+    return [s for s in chunk.tensor_split(pieces) if s.numel() > 0]
 
 
 #: receive buffers kept between ring all-reduces, per thread, dtype and device; at most this many bytes
@@ -144,10 +163,12 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
         tensor: any shape (also 0-d, empty, non-contiguous), any numeric dtype (not bool); it is
             overwritten with the sum and returned.
         group: the process group (default: the default group). Ranks are the group's ranks.
-        segment_bytes: chunks are sent in segments of this many bytes, so that sending one segment
-            overlaps with adding the previous one. ``segment_bytes >= chunk size`` turns the
-            pipelining off (a plain ring). Every segment is a message with a fixed cost: the
-            default, 4 MB, is what measured fastest over gloo on CPUs (lesson 04 measures the trade).
+        segment_bytes: chunks are sent in segments of at most this many bytes, so that sending one
+            segment overlaps with adding the previous one; a chunk is cut into the fewest equal
+            segments that fit (a 5.3 MB chunk into two of 2.7 MB, not 4 MB + 1.3 MB).
+            ``segment_bytes >= chunk size`` turns the pipelining off (a plain ring). Every segment
+            is a message with a fixed cost: the default, 4 MB, is what measured fastest over gloo
+            on CPUs (lesson 04 measures the trade).
         check_shapes: compare every rank's shape and dtype first (one small message to every other
             rank, a round trip's latency). ``False`` skips it, as ``dist.all_reduce`` does: only for
             calls known to agree (a timing against ``dist.all_reduce`` compares like with like).
@@ -186,9 +207,9 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
     contiguous = tensor if tensor.is_contiguous() else tensor.contiguous()
     work = _flat_real_view(contiguous)                      # (N,) a view of `contiguous`
     right, left = global_rank((rank + 1) % p), global_rank((rank - 1) % p)
-    seg_elems = max(1, segment_bytes // work.element_size())
     chunks = work.tensor_split(p)                            # p chunks, sizes differ by at most 1
-    segs = [_segments(c, seg_elems) for c in chunks]         # segs[i]: the pieces of chunk i
+    pieces = _pieces(chunks[0].numel(), segment_bytes // work.element_size())
+    segs = [_segments(c, pieces) for c in chunks]            # segs[i]: the pieces of chunk i
     per_step = max(len(s) for s in segs)
     plan = ring_schedule(rank, p)
     steps = len(plan)                                        # 2 (p - 1)
@@ -200,7 +221,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *,
     # largest chunk (chunk 0: tensor_split puts the extra elements first). Kept between calls: fresh
     # memory costs a page fault per 4 KB on its first touch, ~2 ms of a 16 MB all-reduce.
     scratch = _scratch(min(2, p - 1) * chunks[0].numel(), work.dtype, work.device)
-    bufs = [_segments(half, seg_elems) for half in scratch.split(chunks[0].numel())]
+    bufs = [_segments(half, pieces) for half in scratch.split(chunks[0].numel())]
 
     def exchange(step: int, k: int):
         """Post segment k of this step's send *and* receive as one batch; return the receive's work.

@@ -140,6 +140,41 @@ def test_a_ring_that_calls_a_collective_is_caught():
         gc.launch(_point_to_point_only, 2, args=("cheat",), timeout=60)
 
 
+def _message_sizes(rank, world_size, numel, segment_bytes, batched):
+    """The number of elements of every message this rank sends in one ring all-reduce."""
+    sent = []
+    isend, batch = dist.isend, dist.batch_isend_irecv
+
+    def recording_isend(tensor, *args, **kwargs):
+        sent.append(tensor.numel())
+        return isend(tensor, *args, **kwargs)
+
+    def recording_batch(ops):                   # P2POp insists on the real dist.isend
+        sent.extend(op.tensor.numel() for op in ops if op.op is isend)
+        return batch(ops)
+
+    if batched:
+        dist.batch_isend_irecv = recording_batch
+    else:
+        dist.isend = recording_isend
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    expected = x.clone()
+    dist.all_reduce(expected)
+    gc.ring_all_reduce(x, segment_bytes=segment_bytes, check_shapes=False, _batched=batched)
+    torch.testing.assert_close(x, expected)
+    return sent
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_chunk_is_cut_into_the_fewest_equal_segments(batched):
+    # 3 ranks, 31 floats: chunks of 11, 10, 10; at most 4 floats (16 bytes) a segment → 3 pieces
+    # each, 4+4+3 and 4+3+3 — not 4+4+3 and 4+4+2, whose short tail would pipeline nothing
+    sent = gc.launch(_message_sizes, 3, args=(31, 16, batched), timeout=60)
+    for rank, sizes in enumerate(sent):
+        assert len(sizes) == 2 * (3 - 1) * 3, f"rank {rank} sent {sizes}"
+        assert set(sizes) <= {3, 4}, f"rank {rank} sent segments of {sizes} elements"
+
+
 def _on_cuda(rank, world_size):
     x = torch.randn(10_007, generator=torch.Generator().manual_seed(rank)).cuda()
     expected = x.clone()
