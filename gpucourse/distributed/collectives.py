@@ -37,9 +37,10 @@ from ..runtime import check_int, group_info, same_on_every_rank
 
 __all__ = ["ring_schedule", "ring_all_reduce", "naive_all_reduce"]
 
-#: default segment size for pipelining the ring (bytes); a chunk is sent in equal pieces of at most this size. Each
-#: piece is a message with a fixed cost; over gloo on CPUs 4 MB measured fastest (1 MB: 0.78-0.88x
-#: gloo's speed at 16 MB per rank, 4 MB: 0.98-1.05x, benchmarks/all_reduce.py), as in chapter 08's ring
+#: default segment size for pipelining the ring (bytes); a chunk is sent in equal pieces of at most
+#: this size. Each piece is a message with a fixed cost; over gloo on CPUs 4 MB measured fastest
+#: (1 MB: 0.78-0.88x gloo's speed at 16 MB per rank, 4 MB: 0.98-1.05x, benchmarks/all_reduce.py),
+#: as in chapter 08's ring
 DEFAULT_SEGMENT_BYTES = 4 << 20
 
 
@@ -115,8 +116,10 @@ def _segments(chunk: torch.Tensor, pieces: int) -> list[torch.Tensor]:
     3 ranks). The larger pieces come first, so a chunk one element shorter than another is cut into
     pieces no larger than the other's, index by index (the receive buffers rely on it).
 
-        >>> [s.numel() for s in _segments(torch.zeros(10), 3)], [s.numel() for s in _segments(torch.zeros(2), 3)]
-        ([4, 3, 3], [1, 1])
+        >>> [s.numel() for s in _segments(torch.zeros(10), 3)]
+        [4, 3, 3]
+        >>> [s.numel() for s in _segments(torch.zeros(2), 3)]
+        [1, 1]
     """
     return [s for s in chunk.tensor_split(pieces) if s.numel() > 0]
 
