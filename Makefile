@@ -131,7 +131,9 @@ notebooks: $(STAMP)
 # every script prints its ratios and exits non-zero when it misses its target; all of them run,
 # then the misses are listed (and make fails)
 benchmarks: $(STAMP)
-	@failed=""; for b in benchmarks/[!_]*.py; do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
+	@$(PY) benchmarks/_machine.py before; \
+	failed=""; for b in benchmarks/[!_]*.py; do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
+	$(PY) benchmarks/_machine.py after; \
 	if [ -n "$$failed" ]; then echo "target missed or error:$$failed"; exit 1; fi
 
 doctor: $(STAMP)
