@@ -48,7 +48,13 @@ def timed_on(cpus: list) -> list[float]:
     procs = [ctx.Process(target=_pinned, args=(c, barrier, w)) for c, (_, w) in zip(cpus, pipes)]
     for p in procs:
         p.start()
-    times = [r.recv() for r, _ in pipes]
+    for _, w in pipes:
+        w.close()                        # the child's copy alone: a child that dies gives EOFError
+    times = []
+    for r, _ in pipes:
+        if not r.poll(60):
+            raise TimeoutError("a probe process sent no time within 60 s")
+        times.append(r.recv())
     for p in procs:
         p.join(10)
     return times
@@ -73,20 +79,20 @@ def main(argv: list[str]) -> int:
         print(f"machine ({label}): one usable CPU; nothing runs in parallel here")
         return 0
     steal = steal_seconds()
-    alone = {c: [] for c in cpus}
+    alone = [[] for _ in cpus]                               # per position: unpinned CPUs have no name
     together = []
     for _ in range(6):                                       # rounds: each CPU alone, then both
-        for c in cpus:
-            alone[c] += timed_on([c])
-        pair = timed_on(cpus)
-        together.append(pair)
+        for i, c in enumerate(cpus):
+            alone[i] += timed_on([c])
+        together.append(timed_on(cpus))
     steal = steal_seconds() - steal
-    every = [t for ts in alone.values() for t in ts]
+    every = [t for ts in alone for t in ts]
     spread = max(every) / min(every)
     base = statistics.median(every)
     slowdown = [max(pair) / base for pair in together]
     steady = spread <= STEADY and max(slowdown) <= STEADY
-    per_cpu = ", ".join(f"CPU {c}: {statistics.median(ts) * 1e3:.0f} ms" for c, ts in alone.items())
+    per_cpu = ", ".join(f"{'CPU ' + str(c) if c is not None else 'unpinned'}: "
+                        f"{statistics.median(ts) * 1e3:.0f} ms" for c, ts in zip(cpus, alone))
     print(f"machine ({label}): the same loop alone on each CPU, 6 times: {per_cpu} "
           f"(medians); {min(every) * 1e3:.0f}-{max(every) * 1e3:.0f} ms over all (slowest "
           f"{spread:.2f}x the fastest)")

@@ -2,6 +2,7 @@
 machine's two CPUs gave steady speed — the reading to compare a missed ratio target with."""
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -40,5 +41,20 @@ def test_two_free_cores_are_called_steady(probe, monkeypatch, capsys):
 
 
 def test_the_real_probe_runs_pinned_processes(probe):
-    times = probe.timed_on(sorted(__import__("os").sched_getaffinity(0))[:1])
+    times = probe.timed_on(sorted(os.sched_getaffinity(0))[:1])
     assert len(times) == 1 and 0 < times[0] < 30
+
+
+def test_a_probe_process_that_dies_is_reported_not_waited_for(probe, monkeypatch):
+    monkeypatch.setattr(probe, "spin", lambda n=None: os._exit(3))      # the child dies before sending
+    with pytest.raises(EOFError):
+        probe.timed_on(sorted(os.sched_getaffinity(0))[:1])
+
+
+def test_unpinned_cpus_are_measured_apart(probe, monkeypatch, capsys):
+    monkeypatch.setattr(probe.os, "sched_getaffinity", None, raising=False)
+    monkeypatch.delattr(probe.os, "sched_getaffinity")                  # as on macOS
+    monkeypatch.setattr(probe, "timed_on", _fake(0.060, 0.062))
+    probe.main(["_machine.py"])
+    out = capsys.readouterr().out
+    assert "unpinned: 60 ms, unpinned: 60 ms" in out and "steady: ratios below" in out
