@@ -28,6 +28,7 @@ import sys
 import torch
 
 import gpucourse as gc
+from _bench_targets import keep_freed_memory
 
 TARGET = 2.0            # the fixed target of earlier runs, printed for comparison
 CEILING_SHARE = 0.85    # the target: this share of the machine's own bf16/fp32 matmul ratio
@@ -77,26 +78,6 @@ def report(runs):
     print(f"  fp32 matmul share p = {p:.0%}: even infinitely fast matmuls give at most "
           f"{1 / (1 - p) if p < 1 else float('inf'):.1f}x")
     return gc.speedup(runs[0].timing, runs[1].timing)
-
-
-def keep_freed_memory() -> str:
-    """Let glibc's malloc keep freed buffers for reuse instead of handing them back to the kernel.
-
-    Every step allocates and frees the same large buffers (autocast's bf16 weights, 16 MB fp32
-    gradients, activations). Above glibc's mmap threshold each one is a fresh mapping whose pages
-    the kernel faults in and zeroes again in every step — time that is neither matmul nor cast, and
-    varies from run to run. Raising the mmap and trim thresholds keeps them in the heap, as the
-    allocators PyTorch's CPU tuning guide recommends (jemalloc, tcmalloc) do. It applies to every
-    measurement below alike. Returns what was done, for the report."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(-3, 32 << 20) == 1 and libc.mallopt(-1, 1 << 30) == 1   # M_MMAP/M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        ok = False
-    return ("malloc keeps freed buffers (mmap threshold 32 MB, trim threshold 1 GB)" if ok
-            else "the system allocator as it is (not glibc)")
 
 
 def interleaved(callables, rounds=7, per_round=2):
