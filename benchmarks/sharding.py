@@ -24,7 +24,6 @@ Four measurements, each a ratio to a baseline measured in the same run:
 Timings on a shared machine are noisy: the script reports how much CPU other programs used.
 """
 
-import statistics
 import sys
 import time
 
@@ -125,7 +124,7 @@ def main():
 
     # 1) step time
     names = {"ddp": "DDP + AdamW", "zero1": "ZeRO-1 (gc.ZeroOptimizer)", "zero2": "ZeRO-2 (gc.ZeroOptimizer)"}
-    p = {k: statistics.median(v) for k, v in plain["times"].items()}
+    p = {k: gc.Timing(names[k], plain["times"][k]).median for k in names}
     print(f"allocator: {plain['allocator']} (not a target): " + ", ".join(
         f"{names[k].split(' (')[0]} {1e3 * p[k]:.1f} ms ({p[k] / p['ddp']:.2f}x DDP)" for k in names)
         + "; ZeRO-2 frees its full gradients after every backward, which glibc may hand back to the "
