@@ -337,6 +337,7 @@ class MiniDDP(nn.Module):
                 self._where[id(p)] = (b, i)
         self._next_bucket = 0                           # buckets are launched in this order
         self._ready: set[int] = set()                   # ids of params whose gradient is ready
+        self._unreached: list[nn.Parameter] = []        # no buckets: params no rank's forward used
         self._sync_buffers_next = True
         self._callback_queued = False
         self._comm_hook = None                          # (state, hook) from register_comm_hook
@@ -434,7 +435,7 @@ class MiniDDP(nn.Module):
         if syncing and outputs:
             if not self._buckets:
                 self._check_same_params_used(out)
-            else:                                       # finish even where no parameter is used
+            if self._buckets or self._unreached:        # finish even where no parameter is used
                 for t in outputs:
                     t.register_hook(self._queue_finish)
         if self.trace and self.require_backward_grad_sync and isinstance(out, torch.Tensor) \
@@ -453,6 +454,9 @@ class MiniDDP(nn.Module):
         dist.all_reduce(counts, group=self.process_group)
         differ = [self._names.get(id(p), "?") for p, c in zip(self._params, counts.tolist())
                   if 0 < c < self.world_size]
+        # used by no rank's forward: checked at the end of backward, where a gradient may still
+        # arrive (a weight read outside forward, e.g. in the loss); DDP, too, refuses one that never does
+        self._unreached = [p for p, c in zip(self._params, counts.tolist()) if c == 0]
         if differ:
             raise RuntimeError(
                 f"MiniDDP: parameter(s) {differ} take part in this forward on some ranks only "
@@ -504,6 +508,7 @@ class MiniDDP(nn.Module):
             return
         self._queue_finish()
         if not self._buckets:                          # no buckets: average this one now
+            self._ready.add(id(param))
             start = time.perf_counter()
             dist.all_reduce(param.grad, group=self.process_group)
             param.grad.div_(self.world_size)
@@ -570,14 +575,19 @@ class MiniDDP(nn.Module):
                 self._reset_buckets()
             partly = [self._names.get(id(p), "?") for p, c in counts if 0 < c < self.world_size]
             nowhere = [self._names.get(id(p), "?") for p, c in counts if c == 0]
-            if not self._allow_unused and (partly or nowhere):
-                where = (f"{partly} received no gradient on some ranks" if partly else "") + \
-                        ("; " if partly and nowhere else "") + \
-                        (f"{nowhere} received no gradient on any rank" if nowhere else "")
-                raise RuntimeError(
-                    f"MiniDDP: backward finished but parameter(s) {where}. Every parameter must "
-                    "take part in the loss on every rank, or pass find_unused_parameters=True "
-                    "(missing gradients count as zeros, as in torch DDP).")
+        else:   # no buckets: the forward's check refused "some ranks"; here "no rank", if still so
+            partly = []
+            nowhere = [self._names.get(id(p), "?") for p in self._unreached if id(p) not in self._ready]
+            self._ready.clear()
+            self._unreached = []
+        if not self._allow_unused and (partly or nowhere):
+            where = (f"{partly} received no gradient on some ranks" if partly else "") + \
+                    ("; " if partly and nowhere else "") + \
+                    (f"{nowhere} received no gradient on any rank" if nowhere else "")
+            raise RuntimeError(
+                f"MiniDDP: backward finished but parameter(s) {where}. Every parameter must "
+                "take part in the loss on every rank, or pass find_unused_parameters=True "
+                "(missing gradients count as zeros, as in torch DDP).")
         if step is not None:
             step.synced = time.perf_counter()
             self.traces.append(step)

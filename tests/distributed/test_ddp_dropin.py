@@ -204,11 +204,40 @@ def test_a_parameter_used_on_one_rank_only_raises_on_every_rank(bucket_cap_mb):
         assert "find_unused_parameters=True" in message
 
 
-@pytest.mark.parametrize("bucket_cap_mb", [0.001, 25])
+@pytest.mark.parametrize("bucket_cap_mb", [None, 0.001, 25])
 def test_a_parameter_unused_everywhere_raises_on_every_rank(bucket_cap_mb):
+    """torch DDP refuses it (at the next iteration); without buckets MiniDDP used to train on."""
     out = gc.launch(_unused_without_flag, 2, args=(bucket_cap_mb, (0, 1), False), timeout=60)
     for message in out:
         assert message is not None and "spare.weight" in message and "branch" not in message
+        assert "received no gradient on any rank" in message
+
+
+def _read_outside_forward(rank, world_size, seed, bucket_cap_mb):
+    """`spare` is read only in the loss, outside forward, on every rank: no flag needed, as in DDP."""
+    def train(build):
+        torch.manual_seed(seed + rank)
+        net = Net()
+        model = build(net)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in _data(rank, seed):
+            opt.zero_grad()
+            spare = net.spare.weight.square().mean() + net.spare.bias.square().mean()
+            loss = nn.functional.mse_loss(model(x), y) + spare
+            loss.backward()
+            opt.step()
+        return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+    torch_state = train(lambda net: DDP(net, bucket_cap_mb=bucket_cap_mb or 25))
+    mini_state = train(lambda net: gc.MiniDDP(net, bucket_cap_mb=bucket_cap_mb))
+    return all(torch.equal(torch_state[k], mini_state[k]) for k in torch_state)
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 25])
+def test_a_weight_read_only_outside_forward_is_not_refused_and_trains_as_ddp(bucket_cap_mb):
+    """The no-bucket check sees forward's graph only: a weight first read in the loss still gets
+    its gradient, averaged, as DDP does — refusing it would be a false alarm."""
+    assert all(gc.launch(_read_outside_forward, 2, args=(5, bucket_cap_mb), timeout=120))
 
 
 # --- communication hooks -------------------------------------------------------------------------
