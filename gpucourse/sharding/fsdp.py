@@ -47,6 +47,7 @@ import sys
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from ..runtime import group_info, same_on_every_rank, validate
 from .collectives import _all_gather_flat, _reduce_scatter_flat, shard_size
@@ -176,6 +177,10 @@ class _Unit:
         self.compute_dtype = param_dtype or self.shard.dtype      # the shard stays the master copy
         self.full = None                    # the gathered (N·S,) buffer while it is needed
         self.sync, self.pending = True, None    # gradient sync off: the unsharded gradient so far
+        self.pending_used = None                # ... and which parameters got a gradient in it
+        # the full names of the parameters in the shard, for the step check's messages
+        self.shard._names = [f"{path}.{n}" if path else n for n in self.names]
+        self.shard._used_here = None            # set by a synchronised backward: a flag per parameter
         for owner, leaf in (o for owners in self.owners for o in owners):
             del owner._parameters[leaf]     # the layer keeps no parameters of its own any more
             setattr(owner, leaf, None)
@@ -377,14 +382,19 @@ def _note_written(shard) -> None:
     shard._written = (shard.grad._version, torch.linalg.vector_norm(shard.grad.detach()))
 
 
-def _refuse_gradients_scaled_per_rank(optimizer, args, kwargs) -> None:
-    """A global optimizer step pre-hook: refuse a step on shards whose gradients were scaled, since
-    backward, by different factors on different ranks — ``torch.nn.utils.clip_grad_norm_`` on the
-    shards clips each rank by the norm of its own shards, and the ranks' models drift apart.
+def _check_shards_at_step(optimizer, args, kwargs) -> None:
+    """A global optimizer step pre-hook, for an optimizer that holds shards; it refuses the step
 
-    One small all-reduce per step of an optimizer that holds shards (every rank steps it). A
-    factor the ranks share — :meth:`FullyShardedModule.clip_grad_norm_`, a constant, no clipping
-    at all — passes, and so does a change that is not one factor for all of a rank's shards.
+    * on shards whose gradients were scaled, since backward, by different factors on different
+      ranks — ``torch.nn.utils.clip_grad_norm_`` on the shards clips each rank by the norm of its
+      own shards, and the ranks' models drift apart. A factor the ranks share —
+      :meth:`FullyShardedModule.clip_grad_norm_`, a constant, no clipping at all — passes, and so
+      does a change that is not one factor for all of a rank's shards;
+    * on a shard some of whose parameters got no gradient on any rank while others did: the
+      optimizer steps the shard as one tensor, so weight decay, momentum and Adam's moments would
+      move the unused ones, which DDP(find_unused_parameters=True) and FSDP2 leave untouched.
+
+    One small all-reduce per step (every rank steps the optimizer): both checks share it.
     """
     shards = [p for g in optimizer.param_groups for p in g["params"]
               if isinstance(p, _FlatShard) and getattr(p, "_group", False) is not False]
@@ -405,10 +415,34 @@ def _refuse_gradients_scaled_per_rank(optimizer, args, kwargs) -> None:
     ratios = [r for r in ratios if r == r and r < float("inf")]
     # torch's clip multiplies all of a rank's gradients by one factor; anything else is not a clip
     factor = max(ratios) if ratios and max(ratios) - min(ratios) <= 1e-5 * max(ratios) else 1.0
+    used = []                               # per parameter of every shard: got a gradient here
+    for p in shards:
+        here = getattr(p, "_used_here", None)
+        if p.grad is None or here is None:  # no backward since the last step (or no record of one)
+            here = [False] * len(p._names)
+        used += [float(u) for u in here]
+        p._used_here = None
     group = shards[0]._group
-    flags = torch.tensor([factor, -factor], dtype=torch.float64, device=shards[0].device)
+    flags = torch.tensor([factor, -factor, *used], dtype=torch.float64, device=shards[0].device)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)    # used anywhere: 1
+    everywhere = flags[2:].tolist()
+    unused, at = [], 0
+    for p in shards:
+        mine, at = everywhere[at: at + len(p._names)], at + len(p._names)
+        if any(mine) and not all(mine):
+            unused.append((p._holds, [n for n, u in zip(p._names, mine) if not u]))
+    if unused:
+        names = [n for _, ns in unused for n in ns]
+        layers = sorted({n.rpartition(".")[0] for n in names} - {""})
+        units = f" (units=[..., {', '.join(map(repr, layers))}])" if layers else ""
+        raise RuntimeError(
+            f"{type(optimizer).__name__}.step(): parameter(s) {names} got no gradient on any rank since the "
+            f"last step, but share a flat shard with parameters that did ({'; '.join(h for h, _ in unused)}). "
+            "The optimizer steps a shard as one tensor, so weight decay, momentum or Adam's moments would "
+            "move them, where DDP(find_unused_parameters=True) and FSDP2 leave them untouched. Give their "
+            f"layer a unit of its own{units}: a unit that no rank used gets no gradient, and the optimizer "
+            "skips it; or freeze them (requires_grad_(False)), or use them.")
     hi, lo = flags[0].item(), -flags[1].item()
     if hi - lo > 1e-5 * max(abs(hi), abs(lo)):
         raise RuntimeError(
@@ -428,7 +462,7 @@ def _install_clip_check() -> None:
     if not _clip_check_installed:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-        register_optimizer_step_pre_hook(_refuse_gradients_scaled_per_rank)
+        register_optimizer_step_pre_hook(_check_shards_at_step)
         _clip_check_installed = True
 
 
@@ -498,6 +532,7 @@ class _GatherParams(torch.autograd.Function):
     @staticmethod
     def forward(ctx, shard, unit):
         ctx.unit = unit
+        ctx.set_materialize_grads(False)      # an unused parameter's gradient arrives as None
         return unit.views(unit.gather())
 
     @staticmethod
@@ -512,12 +547,15 @@ class _GatherParams(torch.autograd.Function):
                 flat[off:off + n].zero_()
             else:
                 flat[off:off + n].copy_(g.reshape(-1))
+        used = [g is not None for g in grads]
         if unit.pending is not None:                          # micro-batches under no_sync(): DDP's
             flat = unit.pending.add_(flat)                    # local sum, in the same order
-            unit.pending = None
+            used = [a or b for a, b in zip(used, unit.pending_used)]
+            unit.pending = unit.pending_used = None
         if not unit.sync:                                     # set_requires_gradient_sync(False)
-            unit.pending = flat                               # the full gradient, kept locally
+            unit.pending, unit.pending_used = flat, used      # the full gradient, kept locally
             return None, None
+        unit.shard._used_here = used                          # checked at the optimizer's step
         if unit.world_size > 1:     # an inf/nan on this rank reaches every rank's slice (GradScaler)
             _spread_non_finite(flat, unit.world_size)
         mine = _reduce_scatter_flat(flat, unit.group)         # (S,) sum over ranks of my slice
@@ -634,6 +672,16 @@ class FullyShardedModule(nn.Module):
     **Frozen parameters** (``requires_grad=False``, a frozen embedding) are sharded and gathered
     like the others, in units of their own, but never reduce-scattered: their shards have
     ``requires_grad=False`` and get no gradient, so an optimizer on ``parameters()`` leaves them.
+
+    **Unused parameters.** A unit that no rank used gets no gradient, and the optimizer skips it, as
+    DDP(find_unused_parameters=True) and FSDP2 skip an unused parameter. A parameter that no rank
+    used *beside* parameters of its unit that were used is refused at ``optimizer.step()``: the
+    optimizer steps the unit's shard as one tensor, and weight decay or momentum would move it. A
+    parameter that some ranks use and others do not is refused after the forward, on every rank
+    (the ranks' backward collectives would differ; FSDP2 does not support it either): one small
+    all-reduce after every forward that can be back-propagated checks it, where there is more than
+    one rank. (A layer with a unit of its own that some ranks skip makes the forward's all-gather
+    wait; ``gc.launch``'s timeout names the rank and the line.)
 
     **Mixed precision** (``param_dtype=torch.bfloat16`` or ``torch.float16``): the shards stay in the
     model's dtype (fp32) — they are the master weights the optimizer updates. Each all-gather casts
@@ -904,6 +952,48 @@ class FullyShardedModule(nn.Module):
         if self._root_calls:
             self._root_calls -= 1
             self._exit()
+            if self.world_size > 1 and torch.is_grad_enabled():
+                self._check_same_params_used(output)
+
+    def _check_same_params_used(self, output) -> None:
+        """Every rank must use the same parameters: the backward's collectives follow the graph (a
+        unit's reduce-scatter, the re-gather of a weight a layer's backward needs), so a branch that
+        one rank takes and another does not leaves a rank waiting in a collective the other never
+        calls. One small all-reduce after each forward that can be back-propagated refuses it on
+        every rank, naming the parameters (FSDP2 does not support it either; DDP does, with
+        ``find_unused_parameters=True``, because it all-reduces every bucket whatever was used)."""
+        reached: dict[int, set[int]] = collections.defaultdict(set)   # id(unit) -> parameter indices
+        trainable = [u for u in self._units if u.trainable]
+        stack = [t.grad_fn for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        if not stack or not trainable:
+            return
+        seen = set()
+        while stack:
+            fn = stack.pop()
+            if fn in seen:
+                continue
+            seen.add(fn)
+            for nxt, index in fn.next_functions:
+                if nxt is None:
+                    continue
+                unit = getattr(nxt, "unit", None) if type(nxt).__name__ == "_GatherParamsBackward" else None
+                if unit is not None:
+                    reached[id(unit)].add(index)
+                stack.append(nxt)
+        used = torch.tensor([float(i in reached[id(u)]) for u in trainable for i in range(len(u.names))],
+                            dtype=torch.float32, device=trainable[0].shard.device)
+        counts = used.clone()
+        dist.all_reduce(counts, group=self.group)
+        names = [n for u in trainable for n in u.shard._names]
+        differ = [n for n, c in zip(names, counts.tolist()) if 0 < c < self.world_size]
+        if differ:
+            mine = [n for n, u, c in zip(names, used.tolist(), counts.tolist()) if 0 < c < self.world_size and u]
+            raise RuntimeError(
+                f"FullyShardedModule: parameter(s) {differ} take part in this forward on some ranks only "
+                f"(on this rank: {mine or 'none of them'}). The backward's collectives would differ between "
+                "the ranks, and they would wait for each other until the timeout. Use every parameter on every "
+                "rank (a branch a rank skips can run with its output multiplied by 0), or train with "
+                "DDP(find_unused_parameters=True) or gc.MiniDDP(find_unused_parameters=True).")
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)       # the root pre-hook gathers the kept units

@@ -697,3 +697,90 @@ def test_reshard_after_forward_false_on_a_tied_tinygpt_is_bit_for_bit(dtype, acc
     freed = gc.launch(_tinygpt_kept, 2, args=(True, dtype, accumulate), timeout=120)[0]
     for kept in gc.launch(_tinygpt_kept, 2, args=(False, dtype, accumulate), timeout=120):
         assert all(torch.equal(kept[k], v) for k, v in freed.items())
+
+
+# --- parameters that get no gradient --------------------------------------------------------------
+
+class _TwoHeads(nn.Module):
+    """`head_b` is used where `use_b` holds: on every rank, on rank 0 only, or nowhere."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head_a, self.head_b = nn.Linear(6, 16), nn.Linear(16, 3), nn.Linear(16, 3)
+        self.use_b = False
+
+    def forward(self, x):
+        h = torch.tanh(self.body(x))
+        return self.head_a(h) + (self.head_b(h) if self.use_b else 0)
+
+
+def _unused_run(rank, world_size, way, used_on, units=None):
+    net = _TwoHeads()
+    if way == "ddp":
+        model = DDP(net, find_unused_parameters=True)
+    elif way == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for path in units or ():
+            if path:
+                fully_shard(net.get_submodule(path))
+        model = fully_shard(net)
+    else:
+        model = gc.FullyShardedModule(net, units=units)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.5)    # decay moves any stepped value
+    try:
+        for step in range(STEPS):
+            net.use_b = rank in used_on
+            x, y = batch(step, rank, world_size)
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    except RuntimeError as e:
+        return str(e), _full(model)
+    return None, _full(model)
+
+
+#: the root unit holds body and head_b; head_a has a unit of its own
+MIXED = ["", "head_a"]
+
+
+def test_a_parameter_no_rank_used_beside_used_ones_in_a_unit_is_refused_at_step():
+    """A flat shard is one tensor to the optimizer: AdamW's weight decay would move head_b, which
+    DDP(find_unused_parameters=True) and FSDP2 leave untouched. Used to train on in silence."""
+    ref_error, ref = gc.launch(_unused_run, 2, args=("ddp", ()), timeout=120)[0]
+    fsdp2_error, fsdp2 = gc.launch(_unused_run, 2, args=("fsdp2", (), MIXED), timeout=120)[0]
+    assert ref_error is None and fsdp2_error is None
+    before = _TwoHeads().state_dict()
+    for k in ("head_b.weight", "head_b.bias"):                  # the reference leaves them untouched
+        assert torch.equal(ref[k], before[k]) and torch.equal(fsdp2[k], before[k]), k
+    for error, state in gc.launch(_unused_run, 2, args=("ours", (), MIXED), timeout=120):
+        assert error is not None and "['head_b.weight', 'head_b.bias'] got no gradient on any rank" in error
+        assert "units=[..., 'head_b']" in error
+        for k, v in before.items():                             # refused before the first step
+            assert torch.equal(state[k], v), k
+
+
+@pytest.mark.parametrize("units", [None, ["", "head_a", "head_b"]], ids=["a unit per layer", "named units"])
+def test_a_unit_no_rank_used_is_skipped_as_ddp_skips_it(units):
+    ref_error, ref = gc.launch(_unused_run, 2, args=("ddp", ()), timeout=120)[0]
+    assert ref_error is None
+    for error, state in gc.launch(_unused_run, 2, args=("ours", (), units), timeout=120):
+        assert error is None, error
+        for k, v in ref.items():
+            torch.testing.assert_close(state[k], v, rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_a_parameter_used_on_some_ranks_only_is_refused_after_the_forward_on_every_rank():
+    """DDP(find_unused_parameters=True) averages it with the other ranks' zeros; a sharded unit's
+    backward collectives would differ between the ranks (rank 1 died in gloo, "collective
+    mismatch", before), so it is refused on every rank, naming it, before any backward."""
+    ref_error, ref = gc.launch(_unused_run, 2, args=("ddp", (0,)), timeout=120)[0]
+    assert ref_error is None
+    before = _TwoHeads().state_dict()
+    for rank, (error, state) in enumerate(gc.launch(_unused_run, 2, args=("ours", (0,), MIXED), timeout=120)):
+        assert error is not None and "['head_b.weight', 'head_b.bias'] take part in this forward on some " \
+            "ranks only" in error, error
+        assert ("on this rank: ['head_b.weight', 'head_b.bias']" if rank == 0 else "on this rank: none") in error
+        assert "find_unused_parameters=True" in error
+        assert all(torch.equal(state[k], v) for k, v in before.items())       # nothing was stepped
