@@ -339,6 +339,35 @@ def test_a_parameter_used_in_some_steps_only_is_refused(stage, first_use):
         assert "in some steps and not in others" in msg and "shape (8, 8)" in msg, msg
 
 
+def _on_one_rank(rank, world_size, way):
+    """`unused` takes part on rank 0 only, in every step: DDP averages it with rank 1's zeros."""
+    model = Sometimes()
+    kw = dict(lr=0.01, weight_decay=0.1)
+    if way == "ddp":
+        ddp = DDP(model, find_unused_parameters=True)
+        opt = torch.optim.AdamW(ddp.parameters(), **kw)
+    else:
+        ddp, opt = model, gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, **kw)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(ddp(x, use=rank == 0), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_a_parameter_used_on_one_rank_only_trains_as_ddp_with_find_unused_parameters(stage):
+    """Stage 2 reduce-scattered in the backward of the rank that had every gradient and in step()
+    on the other: the ranks waited in different collectives until the timeout. Now every rank
+    reduce-scatters at the end of its backward."""
+    ddp = gc.launch(_on_one_rank, 2, args=("ddp",), timeout=120)[0]
+    assert not torch.equal(ddp["unused.weight"], Sometimes().state_dict()["unused.weight"])
+    for ours in gc.launch(_on_one_rank, 2, args=(stage,), timeout=120):
+        for k in ddp:                                          # 2 ranks: bit for bit
+            assert torch.equal(ours[k], ddp[k]), k
+
+
 # --- state_dict() without consolidate_state_dict(): torch's raises at once, so does ours ---------
 
 def _state_dict_unconsolidated(rank, world_size, way):
