@@ -338,6 +338,7 @@ class MiniDDP(nn.Module):
         self._next_bucket = 0                           # buckets are launched in this order
         self._ready: set[int] = set()                   # ids of params whose gradient is ready
         self._unreached: list[nn.Parameter] = []        # no buckets: params no rank's forward used
+        self._used_unsynced: set[int] = set()           # ids of params used in no_sync() micro-batches
         self._sync_buffers_next = True
         self._callback_queued = False
         self._comm_hook = None                          # (state, hook) from register_comm_hook
@@ -505,6 +506,7 @@ class MiniDDP(nn.Module):
     def _grad_ready(self, param: nn.Parameter) -> None:
         """Runs inside autograd when ``param.grad`` has received this backward's contribution."""
         if not self.require_backward_grad_sync:
+            self._used_unsynced.add(id(param))         # its local sum goes into the next sync
             return
         self._queue_finish()
         if not self._buckets:                          # no buckets: average this one now
@@ -518,6 +520,11 @@ class MiniDDP(nn.Module):
             return
         if id(param) in self._ready:
             return
+        self._fill_slot(param)
+        self._launch_full()
+
+    def _fill_slot(self, param: nn.Parameter) -> None:
+        """Put this rank's gradient of ``param`` into its bucket, flagged as used here."""
         b, i = self._where[id(param)]
         bucket = self._buckets[b]
         n = param.numel()
@@ -529,7 +536,6 @@ class MiniDDP(nn.Module):
         bucket.buffer[bucket.numel + i] = 1            # used on this rank
         bucket.ready += 1
         self._ready.add(id(param))
-        self._launch_full()
 
     def _launch_full(self) -> None:
         # launch full buckets strictly in order, so that all ranks issue the same collectives
@@ -579,6 +585,7 @@ class MiniDDP(nn.Module):
             partly = []
             nowhere = [self._names.get(id(p), "?") for p in self._unreached if id(p) not in self._ready]
             self._ready.clear()
+            self._used_unsynced.clear()
             self._unreached = []
         if not self._allow_unused and (partly or nowhere):
             where = (f"{partly} received no gradient on some ranks" if partly else "") + \
@@ -597,9 +604,14 @@ class MiniDDP(nn.Module):
         (param, number of ranks that used it) for every parameter."""
         for bucket in self._buckets[self._next_bucket:]:
             for i, (p, offset) in enumerate(zip(bucket.params, bucket.offsets)):
-                if id(p) not in self._ready:           # unused here: zeros, flag 0
-                    bucket.buffer[offset: offset + p.numel()].zero_()
+                if id(p) in self._ready:
+                    continue
+                if id(p) in self._used_unsynced and p.grad is not None:
+                    self._fill_slot(p)                 # used in a no_sync() micro-batch only: its
+                else:                                  # local sum counts, as with DDP
+                    bucket.buffer[offset: offset + p.numel()].zero_()      # unused here: zeros, flag 0
                     bucket.ready += 1
+        self._used_unsynced.clear()
         self._launch_full()
         if self._comm_hook is not None:                # the flags travel in one extra all-reduce
             flags = torch.cat([b.buffer[b.numel:] for b in self._buckets])

@@ -178,6 +178,8 @@ class _Unit:
         self.full = None                    # the gathered (N·S,) buffer while it is needed
         self.sync, self.pending = True, None    # gradient sync off: the unsharded gradient so far
         self.pending_used = None                # ... and which parameters got a gradient in it
+        self.siblings: list = [self]            # every unit of the module (set by FullyShardedModule)
+        self.flush_queued = [False]             # shared by the siblings: see _flush_pending
         # the full names of the parameters in the shard, for the step check's messages
         self.shard._names = [f"{path}.{n}" if path else n for n in self.names]
         self.shard._used_here = None            # set by a synchronised backward: a flag per parameter
@@ -555,11 +557,38 @@ class _GatherParams(torch.autograd.Function):
         if not unit.sync:                                     # set_requires_gradient_sync(False)
             unit.pending, unit.pending_used = flat, used      # the full gradient, kept locally
             return None, None
-        unit.shard._used_here = used                          # checked at the optimizer's step
-        if unit.world_size > 1:     # an inf/nan on this rank reaches every rank's slice (GradScaler)
-            _spread_non_finite(flat, unit.world_size)
-        mine = _reduce_scatter_flat(flat, unit.group)         # (S,) sum over ranks of my slice
-        return mine.div(unit.world_size), None                # ... divided by N once
+        if not unit.flush_queued[0]:    # a unit used only in no_sync() micro-batches: at the end
+            unit.flush_queued[0] = True
+            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_flush_pending, unit))
+        return _reduce_into_shard(unit, flat, used), None
+
+
+def _reduce_into_shard(unit, flat: torch.Tensor, used: list[bool]) -> torch.Tensor:
+    """Reduce-scatter a unit's full gradient ``flat``: this rank's slice of the average."""
+    unit.shard._used_here = used                              # checked at the optimizer's step
+    if unit.world_size > 1:         # an inf/nan on this rank reaches every rank's slice (GradScaler)
+        _spread_non_finite(flat, unit.world_size)
+    mine = _reduce_scatter_flat(flat, unit.group)             # (S,) sum over ranks of my slice
+    return mine.div(unit.world_size)                          # ... divided by N once
+
+
+def _flush_pending(unit) -> None:
+    """End of a synchronised backward: a unit whose gradient was accumulated under ``no_sync()`` but
+    that this backward did not reach still sends its sum, as DDP does for a parameter used in the
+    micro-batches before the last (its gradient went nowhere before, and the ranks drifted apart).
+    Every rank flushes the same units, in the same order: the ones the earlier micro-batches used."""
+    unit.flush_queued[0] = False
+    for other in unit.siblings:
+        if other.pending is None or not other.sync:
+            continue
+        flat, used = other.pending, other.pending_used
+        other.pending = other.pending_used = None
+        mine = _reduce_into_shard(other, flat, used)
+        if other.shard.grad is None:
+            other.shard.grad = mine
+        else:
+            other.shard.grad.add_(mine)
+        _note_written(other.shard)                            # as autograd's hook would
 
 
 def _spread_non_finite(flat: torch.Tensor, world_size: int) -> None:
@@ -681,7 +710,8 @@ class FullyShardedModule(nn.Module):
     (the ranks' backward collectives would differ; FSDP2 does not support it either): one small
     all-reduce after every forward that can be back-propagated checks it, where there is more than
     one rank. (A layer with a unit of its own that some ranks skip makes the forward's all-gather
-    wait; ``gc.launch``'s timeout names the rank and the line.)
+    wait; ``gc.launch``'s timeout names the rank and the line.) A unit used only in ``no_sync()``
+    micro-batches sends its accumulated gradient at the end of the next synchronised backward.
 
     **Mixed precision** (``param_dtype=torch.bfloat16`` or ``torch.float16``): the shards stay in the
     model's dtype (fp32) — they are the master weights the optimizer updates. Each all-gather casts
@@ -832,6 +862,9 @@ class FullyShardedModule(nn.Module):
                        for part in ([(n, p) for n, p in params if p.requires_grad],
                                     [(n, p) for n, p in params if not p.requires_grad]) if part]
         self.shards = nn.ParameterList([u.shard for u in self._units])   # what parameters() yields
+        queued = [False]                            # one end-of-backward flush per module
+        for unit in self._units:
+            unit.siblings, unit.flush_queued = self._units, queued
         # registered under a _ShardName: every name built through it refuses "bias" in name
         self._modules = {(_ShardName(k) if k == "shards" else k): m for k, m in self._modules.items()}
         _install_hook()     # an optimizer built before this wrap holds the parameters taken out: refused

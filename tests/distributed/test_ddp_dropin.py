@@ -1,6 +1,7 @@
 """gc.MiniDDP as a drop-in for torch DDP: PyTorch's arguments with PyTorch's meaning, unused
 parameters, communication hooks — each run next to torch's DDP on 2 gloo ranks."""
 
+import contextlib
 import inspect
 import warnings
 
@@ -317,3 +318,34 @@ def test_what_minddp_does_not_implement_is_refused_with_a_message():
     assert "process_group=" in errors["device_mesh"][1]
     assert errors["no_such_arg"][0] == "TypeError"
     assert "bucket_cap_mb" in errors["view"]
+
+
+def _no_sync_branch(rank, world_size, bucket_cap_mb, which):
+    """`branch` takes part in the first micro-batch of each step only (under no_sync), on every
+    rank; `spare` in none."""
+    torch.manual_seed(3)
+    net = Net()
+    cls = DDP if which == "torch" else gc.MiniDDP
+    model = cls(net, bucket_cap_mb=bucket_cap_mb, find_unused_parameters=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = _data(rank, 11) + _data(rank, 12)
+    for step in range(STEPS):
+        for micro in (0, 1):
+            x, y = data[2 * step + micro]
+            net.use_branch = micro == 0
+            with model.no_sync() if micro == 0 else contextlib.nullcontext():
+                nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [0.001, 25])
+def test_a_parameter_used_only_under_no_sync_is_averaged_as_ddp(bucket_cap_mb):
+    """DDP counts a parameter used in a no_sync() micro-batch as used at the next sync and averages
+    its accumulated gradient; MiniDDP left each rank's own sum in .grad, and the ranks drifted apart."""
+    refs = gc.launch(_no_sync_branch, 2, args=(bucket_cap_mb, "torch"), timeout=120)
+    assert torch.equal(refs[0]["branch.weight"], refs[1]["branch.weight"])       # DDP: ranks in step
+    for ours, ref in zip(gc.launch(_no_sync_branch, 2, args=(bucket_cap_mb, "mini"), timeout=120), refs):
+        for k in ref:                   # rank by rank: BatchNorm's running statistics are per rank
+            assert torch.equal(ours[k], ref[k]), k

@@ -784,3 +784,47 @@ def test_a_parameter_used_on_some_ranks_only_is_refused_after_the_forward_on_eve
         assert ("on this rank: ['head_b.weight', 'head_b.bias']" if rank == 0 else "on this rank: none") in error
         assert "find_unused_parameters=True" in error
         assert all(torch.equal(state[k], v) for k, v in before.items())       # nothing was stepped
+
+
+def _no_sync_head(rank, world_size, way, units=None):
+    """`head_b` takes part in the first micro-batch of each step only, under no_sync (FSDP2:
+    set_requires_gradient_sync(False)), on every rank."""
+    net = _TwoHeads()
+    if way == "ddp":
+        model = DDP(net, find_unused_parameters=True)
+    elif way == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for m in (net.body, net.head_a, net.head_b):
+            fully_shard(m)
+        model = fully_shard(net)
+    else:
+        model = gc.FullyShardedModule(net, units=units)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        for micro in (0, 1):
+            net.use_b = micro == 0
+            x, y = batch(2 * step + micro, rank, world_size)
+            if way == "fsdp2":
+                model.set_requires_gradient_sync(micro == 1)
+                context = contextlib.nullcontext()
+            else:
+                context = model.no_sync() if micro == 0 else contextlib.nullcontext()
+            with context:
+                F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model)
+
+
+@pytest.mark.parametrize("units", [None, MIXED], ids=["a unit per layer", "a shared unit"])
+def test_a_unit_used_only_under_no_sync_sends_its_sum_at_the_next_sync_as_ddp(units):
+    """A unit the last micro-batch did not reach kept its accumulated gradient and sent nothing: its
+    shard was not stepped (DDP and FSDP2 average and step it)."""
+    ddp = gc.launch(_no_sync_head, 2, args=("ddp",), timeout=120)[0]
+    fsdp2 = gc.launch(_no_sync_head, 2, args=("fsdp2",), timeout=120)[0]
+    assert not torch.equal(ddp["head_b.weight"], _TwoHeads().state_dict()["head_b.weight"])
+    for ours in gc.launch(_no_sync_head, 2, args=("ours", units), timeout=120):
+        for k in ddp:
+            torch.testing.assert_close(ours[k], ddp[k], rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
+            torch.testing.assert_close(ours[k], fsdp2[k], rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
