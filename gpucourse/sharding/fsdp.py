@@ -179,7 +179,8 @@ class _Unit:
         self.sync, self.pending = True, None    # gradient sync off: the unsharded gradient so far
         self.pending_used = None                # ... and which parameters got a gradient in it
         self.siblings: list = [self]            # every unit of the module (set by FullyShardedModule)
-        self.flush_queued = [False]             # shared by the siblings: see _flush_pending
+        self.flush_queued = [None]              # shared by the siblings: the backward (graph task
+                                                # id) whose end runs _flush_pending
         # the full names of the parameters in the shard, for the step check's messages
         self.shard._names = [f"{path}.{n}" if path else n for n in self.names]
         self.shard._used_here = None            # set by a synchronised backward: a flag per parameter
@@ -557,8 +558,9 @@ class _GatherParams(torch.autograd.Function):
         if not unit.sync:                                     # set_requires_gradient_sync(False)
             unit.pending, unit.pending_used = flat, used      # the full gradient, kept locally
             return None, None
-        if not unit.flush_queued[0]:    # a unit used only in no_sync() micro-batches: at the end
-            unit.flush_queued[0] = True
+        task = torch._C._current_graph_task_id()    # once per backward (a new one after a failed one)
+        if unit.flush_queued[0] != task:    # a unit used only in no_sync() micro-batches: at the end
+            unit.flush_queued[0] = task
             torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_flush_pending, unit))
         return _reduce_into_shard(unit, flat, used), None
 
@@ -577,7 +579,6 @@ def _flush_pending(unit) -> None:
     that this backward did not reach still sends its sum, as DDP does for a parameter used in the
     micro-batches before the last (its gradient went nowhere before, and the ranks drifted apart).
     Every rank flushes the same units, in the same order: the ones the earlier micro-batches used."""
-    unit.flush_queued[0] = False
     for other in unit.siblings:
         if other.pending is None or not other.sync:
             continue
@@ -862,7 +863,7 @@ class FullyShardedModule(nn.Module):
                        for part in ([(n, p) for n, p in params if p.requires_grad],
                                     [(n, p) for n, p in params if not p.requires_grad]) if part]
         self.shards = nn.ParameterList([u.shard for u in self._units])   # what parameters() yields
-        queued = [False]                            # one end-of-backward flush per module
+        queued = [None]                             # one end-of-backward flush per module
         for unit in self._units:
             unit.siblings, unit.flush_queued = self._units, queued
         # registered under a _ShardName: every name built through it refuses "bias" in name

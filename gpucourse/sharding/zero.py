@@ -192,7 +192,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._used: dict[int, bool] = {}          # id(param) -> had a gradient (on some rank) in every step
         self._averaged = False                    # clip_grad_norm_ already averaged this step's gradients
         self._stepped = False                     # stage 2: step() ran and zero_grad() did not yet
-        self._end_queued = False                  # stage 2: _end_of_backward is queued for this backward
+        self._end_queued = None                   # stage 2: the backward (graph task id) whose end
+                                                  # runs _end_of_backward
         self._last_used: list[bool] | None = None
         self._build()
         self._built = True
@@ -289,8 +290,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self.stage == 1:
             return
         self._got_grad.add(id(param))
-        if not self._end_queued:                  # once per backward, at its first gradient
-            self._end_queued = True
+        task = torch._C._current_graph_task_id()  # once per backward (a new one after a failed one)
+        if self._end_queued != task:
+            self._end_queued = task
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         self._ready.add(id(param))
         if len(self._ready) == len(self.params):  # the last gradient of this backward arrived
@@ -302,7 +304,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
         hook — so every rank reduces once per backward, whichever parameters it used. (It waited for
         step() before, where a parameter used on some ranks only left the ranks in different
         collectives until the timeout.)"""
-        self._end_queued = False
         if self._ready:
             self._reduce_gradients()
 
