@@ -50,8 +50,10 @@ def test_corpus_row(graded_corpus, student):
     points, status, flags = EXPECTED[student]
     mine = [r for r in rows if r["student"] == student]
     assert mine, f"{student} has no row"
-    assert sum(r["points"] for r in mine) == points, mine
-    assert {r["status"] for r in mine} == {status}, mine
+    # the rows' reasons first: a dict's repr is cut short in pytest's summary
+    why = [f'{r["exercise"]} {r["status"]}: {r.get("error", "")[:200]}' for r in mine]
+    assert sum(r["points"] for r in mine) == points, why
+    assert {r["status"] for r in mine} == {status}, why
     text = json.dumps(mine, ensure_ascii=False)
     for flag in flags:
         assert flag in text, (flag, mine)
