@@ -577,7 +577,7 @@ def _reduce_into_shard(unit, flat: torch.Tensor, used: list[bool]) -> torch.Tens
 def _flush_pending(unit) -> None:
     """End of a synchronised backward: a unit whose gradient was accumulated under ``no_sync()`` but
     that this backward did not reach still sends its sum, as DDP does for a parameter used in the
-    micro-batches before the last (its gradient went nowhere before, and the ranks drifted apart).
+    micro-batches before the last (before, the sum was kept and never sent, and the shard not stepped).
     Every rank flushes the same units, in the same order: the ones the earlier micro-batches used."""
     for other in unit.siblings:
         if other.pending is None or not other.sync:
