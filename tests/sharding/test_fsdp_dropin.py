@@ -715,19 +715,24 @@ class _TwoHeads(nn.Module):
         return self.head_a(h) + (self.head_b(h) if self.use_b else 0)
 
 
-def _unused_run(rank, world_size, way, used_on, units=None):
-    net = _TwoHeads()
+def _wrapped(net, way, units=None):
+    """DDP(find_unused_parameters=True), FSDP2 with a fully_shard per path in ``units`` and the root,
+    or the course's class with ``units``."""
     if way == "ddp":
-        model = DDP(net, find_unused_parameters=True)
-    elif way == "fsdp2":
+        return DDP(net, find_unused_parameters=True)
+    if way == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
         for path in units or ():
             if path:
                 fully_shard(net.get_submodule(path))
-        model = fully_shard(net)
-    else:
-        model = gc.FullyShardedModule(net, units=units)
+        return fully_shard(net)
+    return gc.FullyShardedModule(net, units=units)
+
+
+def _unused_run(rank, world_size, way, used_on, units=None):
+    net = _TwoHeads()
+    model = _wrapped(net, way, units)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.5)    # decay moves any stepped value
     try:
         for step in range(STEPS):
@@ -790,16 +795,7 @@ def _no_sync_head(rank, world_size, way, units=None):
     """`head_b` takes part in the first micro-batch of each step only, under no_sync (FSDP2:
     set_requires_gradient_sync(False)), on every rank."""
     net = _TwoHeads()
-    if way == "ddp":
-        model = DDP(net, find_unused_parameters=True)
-    elif way == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
-        for m in (net.body, net.head_a, net.head_b):
-            fully_shard(m)
-        model = fully_shard(net)
-    else:
-        model = gc.FullyShardedModule(net, units=units)
+    model = _wrapped(net, way, ["body", "head_a", "head_b"] if way == "fsdp2" else units)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for step in range(STEPS):
         for micro in (0, 1):
