@@ -340,7 +340,7 @@ class MiniDDP(nn.Module):
         self._unreached: list[nn.Parameter] = []        # no buckets: params no rank's forward used
         self._used_unsynced: set[int] = set()           # ids of params used in no_sync() micro-batches
         self._sync_buffers_next = True
-        self._callback_queued = False
+        self._finish_task: int | None = None             # the backward whose finish is queued
         self._comm_hook = None                          # (state, hook) from register_comm_hook
         self._step: StepTrace | None = None
         for p in self._params:
@@ -499,9 +499,25 @@ class MiniDDP(nn.Module):
             self.require_backward_grad_sync = previous
 
     def _queue_finish(self, grad=None):
-        if self.require_backward_grad_sync and not self._callback_queued:
-            self._callback_queued = True               # once per backward: finish at its end
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        if not self.require_backward_grad_sync:
+            return
+        task = torch._C._current_graph_task_id()     # once per backward: finish at its end
+        if task == self._finish_task:
+            return
+        if self._finish_task is not None:              # an earlier backward raised before its end
+            self._abandon_unfinished()
+        self._finish_task = task
+        torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _abandon_unfinished(self) -> None:
+        """A backward raised halfway (an error in autograd, a KeyboardInterrupt): its finish never
+        ran. Wait for the buckets it launched (every rank that failed alike launched the same
+        ones), then start clean, so that this backward's gradients are not mixed with the dead
+        one's slots. torch DDP refuses the next forward instead ("Expected to have finished
+        reduction in the prior iteration")."""
+        for bucket in self._buckets[: self._next_bucket]:
+            (bucket.future or bucket.work).wait()
+        self._reset_buckets()
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         """Runs inside autograd when ``param.grad`` has received this backward's contribution."""
@@ -570,7 +586,7 @@ class MiniDDP(nn.Module):
 
     def _finish_backward(self) -> None:
         """End of backward: wait for every bucket and copy the averages into ``param.grad``."""
-        self._callback_queued = False
+        self._finish_task = None
         step, self._step = self._step, None
         if step is not None:
             step.backward_end = time.perf_counter()

@@ -349,3 +349,60 @@ def test_a_parameter_used_only_under_no_sync_is_averaged_as_ddp(bucket_cap_mb):
     for ours, ref in zip(gc.launch(_no_sync_branch, 2, args=(bucket_cap_mb, "mini"), timeout=120), refs):
         for k in ref:                   # rank by rank: BatchNorm's running statistics are per rank
             assert torch.equal(ours[k], ref[k]), k
+
+
+class _Boom(torch.autograd.Function):
+    """Identity whose backward raises: a backward that dies halfway, after the later layers'
+    gradients (and, with small buckets, their all-reduces) are under way."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("boom in backward")
+
+
+def _after_a_failed_backward(rank, world_size, bucket_cap_mb, hook, fail):
+    torch.manual_seed(7)
+    net = Net()
+    net.spare.requires_grad_(False)
+    model = gc.MiniDDP(net, bucket_cap_mb=bucket_cap_mb, trace=True)
+    if hook is not None:
+        model.register_comm_hook(None, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = _data(rank, 21)
+    armed = net.fc1.register_forward_hook(lambda m, i, out: _Boom.apply(out))
+    out = model(data[0][0])                   # the same forward (BatchNorm's statistics move) in both
+    armed.remove()
+    error = None
+    if fail:                                  # on every rank alike, as a cell that raises does
+        try:
+            nn.functional.mse_loss(out, data[0][1]).backward()
+        except RuntimeError as e:
+            error = str(e)
+    opt.zero_grad()
+    for x, y in data:
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return error, {k: v.detach().clone() for k, v in net.state_dict().items()}, len(model.traces)
+
+
+@pytest.mark.parametrize("bucket_cap_mb,hook", [(None, None), (0.001, None), (25, None), (0.001, _mean_hook)],
+                         ids=["no-buckets", "small-buckets", "one-bucket", "small-buckets-hook"])
+def test_a_backward_that_raised_halfway_leaves_no_trace_in_the_next_step(bucket_cap_mb, hook):
+    """A backward that raises (an error in autograd, a KeyboardInterrupt in a cell) never reaches
+    its end. MiniDDP with buckets kept the dead backward's filled slots and its "finish queued" flag:
+    the next backward skipped those slots and never copied the averages back, so every rank trained
+    on its own gradients. torch DDP refuses the next forward there; MiniDDP waits for what the dead
+    backward launched and starts clean."""
+    refs = gc.launch(_after_a_failed_backward, 2, args=(bucket_cap_mb, hook, False), timeout=120)
+    runs = gc.launch(_after_a_failed_backward, 2, args=(bucket_cap_mb, hook, True), timeout=120)
+    for (error, state, traces), (_, ref, ref_traces) in zip(runs, refs):
+        assert error == "boom in backward"
+        for k in ref:
+            assert torch.equal(state[k], ref[k]), k
+        assert traces == ref_traces == STEPS              # each step's finish ran (and was traced)
+    assert torch.equal(runs[0][1]["fc1.weight"], runs[1][1]["fc1.weight"])
