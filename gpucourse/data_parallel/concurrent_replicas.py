@@ -27,6 +27,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils import _pytree as pytree
 
+from ..runtime.autograd_graph import graph_nodes
 from .device_workers import run_on_devices, span
 
 __all__ = ["apply_concurrently"]
@@ -90,20 +91,8 @@ def _grad_slots(module: nn.Module) -> list[tuple[dict, str, torch.Tensor]]:
 def _foreign_leaves(outputs: list[torch.Tensor], leaves: list[torch.Tensor]) -> list[torch.Tensor]:
     """Leaf tensors requiring grad that ``outputs`` depend on, other than ``leaves``."""
     own = {id(t) for t in leaves}
-    seen, stack, foreign = set(), [o.grad_fn for o in outputs if o.grad_fn is not None], []
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        nexts = node.next_functions
-        if not nexts:                         # a leaf's AccumulateGrad (or a dead end)
-            variable = getattr(node, "variable", None)
-            if variable is not None and id(variable) not in own:
-                foreign.append(variable)
-            continue
-        stack.extend(n for n, _ in nexts if n is not None)
-    return foreign
+    reached = (getattr(node, "variable", None) for node in graph_nodes(outputs))
+    return [v for v in reached if v is not None and id(v) not in own]
 
 
 class _Replica:

@@ -38,6 +38,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ..runtime import same_on_every_rank
+from ..runtime.autograd_graph import graph_nodes
 from .ddp_trace import StepTrace
 
 __all__ = ["MiniDDP", "average_gradients"]
@@ -150,18 +151,7 @@ _REFUSED = {
 
 def _reached_params(outputs) -> set[int]:
     """ids of the leaf tensors (parameters) the autograd graph of ``outputs`` reaches."""
-    seen, found = set(), set()
-    stack = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        variable = getattr(fn, "variable", None)         # AccumulateGrad
-        if variable is not None:
-            found.add(id(variable))
-        stack.extend(f for f, _ in fn.next_functions)
-    return found
+    return {id(node.variable) for node in graph_nodes(outputs) if getattr(node, "variable", None) is not None}
 
 
 class MiniDDP(nn.Module):

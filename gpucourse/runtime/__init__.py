@@ -15,6 +15,8 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 - ``cpu_features``  does this CPU multiply bf16 in hardware (AMX, AVX-512-bf16)?
 - ``doctor``    ``python -m gpucourse doctor``
 - ``exiting``   ``run_main(main)``: a torchrun script's last line (no SIGABRT at interpreter shutdown)
+- ``autograd_graph``  ``graph_nodes(outputs)``: the autograd nodes behind a forward's outputs (which
+  parameters it reached)
 """
 
 from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units

@@ -50,6 +50,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from ..runtime import group_info, same_on_every_rank, validate
+from ..runtime.autograd_graph import graph_nodes
 from .collectives import _all_gather_flat, _reduce_scatter_flat, shard_size
 
 __all__ = ["FullyShardedModule"]
@@ -998,22 +999,13 @@ class FullyShardedModule(nn.Module):
         ``find_unused_parameters=True``, because it all-reduces every bucket whatever was used)."""
         reached: dict[int, set[int]] = collections.defaultdict(set)   # id(unit) -> parameter indices
         trainable = [u for u in self._units if u.trainable]
-        stack = [t.grad_fn for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
-        if not stack or not trainable:
+        differentiable = any(isinstance(t, torch.Tensor) and t.grad_fn is not None for t in tree_leaves(output))
+        if not differentiable or not trainable:
             return
-        seen = set()
-        while stack:
-            fn = stack.pop()
-            if fn in seen:
-                continue
-            seen.add(fn)
-            for nxt, index in fn.next_functions:
-                if nxt is None:
-                    continue
-                unit = getattr(nxt, "unit", None) if type(nxt).__name__ == "_GatherParamsBackward" else None
-                if unit is not None:
-                    reached[id(unit)].add(index)
-                stack.append(nxt)
+        for node in graph_nodes(output):
+            for nxt, index in node.next_functions:      # index: which of the unit's parameters
+                if type(nxt).__name__ == "_GatherParamsBackward" and getattr(nxt, "unit", None) is not None:
+                    reached[id(nxt.unit)].add(index)
         used = torch.tensor([float(i in reached[id(u)]) for u in trainable for i in range(len(u.names))],
                             dtype=torch.float32, device=trainable[0].shard.device)
         counts = used.clone()
