@@ -27,7 +27,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.utils import _pytree as pytree
 
-from ..runtime.autograd_graph import graph_nodes
+from ..runtime import graph_nodes
 from .device_workers import run_on_devices, span
 
 __all__ = ["apply_concurrently"]

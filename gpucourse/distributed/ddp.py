@@ -37,8 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..runtime import same_on_every_rank
-from ..runtime.autograd_graph import graph_nodes
+from ..runtime import EndOfBackward, graph_nodes, same_on_every_rank
 from .ddp_trace import StepTrace
 
 __all__ = ["MiniDDP", "average_gradients"]
@@ -330,7 +329,7 @@ class MiniDDP(nn.Module):
         self._unreached: list[nn.Parameter] = []        # no buckets: params no rank's forward used
         self._used_unsynced: set[int] = set()           # ids of params used in no_sync() micro-batches
         self._sync_buffers_next = True
-        self._finish_task: int | None = None             # the backward whose finish is queued
+        self._finish = EndOfBackward(self._finish_backward)   # at the end of each synchronised backward
         self._comm_hook = None                          # (state, hook) from register_comm_hook
         self._step: StepTrace | None = None
         for p in self._params:
@@ -409,6 +408,8 @@ class MiniDDP(nn.Module):
     # --- forward -------------------------------------------------------------------------------
 
     def forward(self, *args, **kwargs):
+        if self._finish.pending and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+            self._abandon_unfinished()                  # the last backward never reached its end
         # buffers: like DDP, broadcast before a forward that follows a synchronised training
         # forward — so once per step, or once per accumulation cycle (at its first micro-batch)
         if self.forward_sync_buffers and self._sync_buffers_next:
@@ -489,25 +490,19 @@ class MiniDDP(nn.Module):
             self.require_backward_grad_sync = previous
 
     def _queue_finish(self, grad=None):
-        if not self.require_backward_grad_sync:
-            return
-        task = torch._C._current_graph_task_id()     # once per backward: finish at its end
-        if task == self._finish_task:
-            return
-        if self._finish_task is not None:              # an earlier backward raised before its end
-            self._abandon_unfinished()
-        self._finish_task = task
-        torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        if self.require_backward_grad_sync:
+            self._finish.arm()                         # once per backward, at the outermost one's end
 
     def _abandon_unfinished(self) -> None:
-        """A backward raised halfway (an error in autograd, a KeyboardInterrupt): its finish never
-        ran. Wait for the buckets it launched (every rank that failed alike launched the same
-        ones), then start clean, so that this backward's gradients are not mixed with the dead
-        one's slots. torch DDP refuses the next forward instead ("Expected to have finished
+        """The last backward raised halfway (an error in autograd, a KeyboardInterrupt), so its
+        finish never ran. Wait for the buckets it launched (every rank that failed alike launched the
+        same ones), then start clean, so that the next backward's gradients are not mixed with the
+        dead one's slots. torch DDP refuses the next forward instead ("Expected to have finished
         reduction in the prior iteration")."""
         for bucket in self._buckets[: self._next_bucket]:
             (bucket.future or bucket.work).wait()
         self._reset_buckets()
+        self._finish.forget()
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         """Runs inside autograd when ``param.grad`` has received this backward's contribution."""
@@ -576,7 +571,6 @@ class MiniDDP(nn.Module):
 
     def _finish_backward(self) -> None:
         """End of backward: wait for every bucket and copy the averages into ``param.grad``."""
-        self._finish_task = None
         step, self._step = self._step, None
         if step is not None:
             step.backward_end = time.perf_counter()

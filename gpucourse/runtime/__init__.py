@@ -24,6 +24,7 @@ from .exiting import run_main
 from .devices import cpu_cores, default_backend, rank_device, virtual_devices, visible_devices
 from .groups import group_info
 from .agreement import same_on_every_rank
+from .autograd_graph import EndOfBackward, graph_nodes
 from .launcher import WorkerError, free_port, launch
 from .live_ranks import LiveRanks, RankError, RankTimeout, ranks, start_ranks
 from .ports import listen_on
@@ -37,4 +38,4 @@ __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cor
            "LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks",
            "listen_on", "reap_children", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
            "measure", "speedup", "check_choice", "check_int", "check_number", "check_positive",
-           "check_tensor", "check_type", "run_main"]
+           "check_tensor", "check_type", "run_main", "EndOfBackward", "graph_nodes"]

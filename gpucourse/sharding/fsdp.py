@@ -49,8 +49,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-from ..runtime import group_info, same_on_every_rank, validate
-from ..runtime.autograd_graph import graph_nodes
+from ..runtime import EndOfBackward, graph_nodes, group_info, same_on_every_rank, validate
 from .collectives import _all_gather_flat, _reduce_scatter_flat, shard_size
 
 __all__ = ["FullyShardedModule"]
@@ -179,9 +178,9 @@ class _Unit:
         self.full = None                    # the gathered (N·S,) buffer while it is needed
         self.sync, self.pending = True, None    # gradient sync off: the unsharded gradient so far
         self.pending_used = None                # ... and which parameters got a gradient in it
-        self.siblings: list = [self]            # every unit of the module (set by FullyShardedModule)
-        self.flush_queued = [None]              # shared by the siblings: the backward (graph task
-                                                # id) whose end runs _flush_pending
+        # at the end of a synchronised backward: flush every unit of the module (FullyShardedModule
+        # gives its units one, shared)
+        self.flush = EndOfBackward(functools.partial(_flush_pending, [self]))
         # the full names of the parameters in the shard, for the step check's messages
         self.shard._names = [f"{path}.{n}" if path else n for n in self.names]
         self.shard._used_here = None            # set by a synchronised backward: a flag per parameter
@@ -559,10 +558,7 @@ class _GatherParams(torch.autograd.Function):
         if not unit.sync:                                     # set_requires_gradient_sync(False)
             unit.pending, unit.pending_used = flat, used      # the full gradient, kept locally
             return None, None
-        task = torch._C._current_graph_task_id()    # once per backward (a new one after a failed one)
-        if unit.flush_queued[0] != task:    # a unit used only in no_sync() micro-batches: at the end
-            unit.flush_queued[0] = task
-            torch.autograd.Variable._execution_engine.queue_callback(functools.partial(_flush_pending, unit))
+        unit.flush.arm()                    # a unit used only in no_sync() micro-batches: at the end
         return _reduce_into_shard(unit, flat, used), None
 
 
@@ -575,22 +571,22 @@ def _reduce_into_shard(unit, flat: torch.Tensor, used: list[bool]) -> torch.Tens
     return mine.div(unit.world_size)                          # ... divided by N once
 
 
-def _flush_pending(unit) -> None:
+def _flush_pending(units) -> None:
     """End of a synchronised backward: a unit whose gradient was accumulated under ``no_sync()`` but
     that this backward did not reach still sends its sum, as DDP does for a parameter used in the
     micro-batches before the last (before, the sum was kept and never sent, and the shard not stepped).
     Every rank flushes the same units, in the same order: the ones the earlier micro-batches used."""
-    for other in unit.siblings:
-        if other.pending is None or not other.sync:
+    for unit in units:
+        if unit.pending is None or not unit.sync:
             continue
-        flat, used = other.pending, other.pending_used
-        other.pending = other.pending_used = None
-        mine = _reduce_into_shard(other, flat, used)
-        if other.shard.grad is None:
-            other.shard.grad = mine
+        flat, used = unit.pending, unit.pending_used
+        unit.pending = unit.pending_used = None
+        mine = _reduce_into_shard(unit, flat, used)
+        if unit.shard.grad is None:
+            unit.shard.grad = mine
         else:
-            other.shard.grad.add_(mine)
-        _note_written(other.shard)                            # as autograd's hook would
+            unit.shard.grad.add_(mine)
+        _note_written(unit.shard)                            # as autograd's hook would
 
 
 def _spread_non_finite(flat: torch.Tensor, world_size: int) -> None:
@@ -864,9 +860,9 @@ class FullyShardedModule(nn.Module):
                        for part in ([(n, p) for n, p in params if p.requires_grad],
                                     [(n, p) for n, p in params if not p.requires_grad]) if part]
         self.shards = nn.ParameterList([u.shard for u in self._units])   # what parameters() yields
-        queued = [None]                             # one end-of-backward flush per module
+        flush = EndOfBackward(functools.partial(_flush_pending, self._units))   # one per module
         for unit in self._units:
-            unit.siblings, unit.flush_queued = self._units, queued
+            unit.flush = flush
         # registered under a _ShardName: every name built through it refuses "bias" in name
         self._modules = {(_ShardName(k) if k == "shards" else k): m for k, m in self._modules.items()}
         _install_hook()     # an optimizer built before this wrap holds the parameters taken out: refused

@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..runtime import group_info, same_on_every_rank, validate
+from ..runtime import EndOfBackward, group_info, same_on_every_rank, validate
 from . import zero_bookkeeping as books
 from .collectives import _all_gather_flat, _reduce_scatter_flat, shard_size
 
@@ -192,8 +192,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._used: dict[int, bool] = {}          # id(param) -> had a gradient (on some rank) in every step
         self._averaged = False                    # clip_grad_norm_ already averaged this step's gradients
         self._stepped = False                     # stage 2: step() ran and zero_grad() did not yet
-        self._end_queued = None                   # stage 2: the backward (graph task id) whose end
-                                                  # runs _end_of_backward
+        self._end = EndOfBackward(self._end_of_backward)   # stage 2: at the end of each backward
         self._last_used: list[bool] | None = None
         self._build()
         self._built = True
@@ -290,10 +289,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self.stage == 1:
             return
         self._got_grad.add(id(param))
-        task = torch._C._current_graph_task_id()  # once per backward (a new one after a failed one)
-        if self._end_queued != task:
-            self._end_queued = task
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        self._end.arm()                           # once per backward, at the outermost one's end
         self._ready.add(id(param))
         if len(self._ready) == len(self.params):  # the last gradient of this backward arrived
             self._reduce_gradients()

@@ -406,3 +406,39 @@ def test_a_backward_that_raised_halfway_leaves_no_trace_in_the_next_step(bucket_
             assert torch.equal(state[k], ref[k]), k
         assert traces == ref_traces == STEPS              # each step's finish ran (and was traced)
     assert torch.equal(runs[0][1]["fc1.weight"], runs[1][1]["fc1.weight"])
+
+
+class _Checkpointed(nn.Module):
+    """fc1 → a block run under torch.utils.checkpoint(use_reentrant=True) → fc2: the block's
+    gradients arrive in a backward nested in the outer one (a graph task of its own)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.block, self.fc2 = nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.fc1(x))
+        h = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(self.block(t)), h, use_reentrant=True)
+        return self.fc2(h)
+
+
+def _reentrant(rank, world_size, way, bucket_cap_mb):
+    torch.manual_seed(4)
+    net = _Checkpointed()
+    model = DDP(net) if way == "torch" else gc.MiniDDP(net, bucket_cap_mb=bucket_cap_mb)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in _data(rank, 31):
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 0.001, 25])
+def test_reentrant_checkpointing_trains_as_ddp(bucket_cap_mb):
+    """The checkpointed block's hooks run in a nested backward: it must not count as a new
+    backward (finishing it there would average the buckets before the outer layers' gradients)."""
+    refs = gc.launch(_reentrant, 2, args=("torch", None), timeout=120)
+    for ours, ref in zip(gc.launch(_reentrant, 2, args=("mini", bucket_cap_mb), timeout=120), refs):
+        for k in ref:
+            assert torch.equal(ours[k], ref[k]), k

@@ -824,3 +824,53 @@ def test_a_unit_used_only_under_no_sync_sends_its_sum_at_the_next_sync_as_ddp(un
         for k in ddp:
             torch.testing.assert_close(ours[k], ddp[k], rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
             torch.testing.assert_close(ours[k], fsdp2[k], rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
+
+
+class _Checkpointed(nn.Module):
+    """A middle layer under torch.utils.checkpoint(use_reentrant=True): its gradients arrive in a
+    backward nested in the outer one (a graph task of its own), after the last layer's."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.middle, self.last = nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.first(x))
+        h = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(self.middle(t)), h, use_reentrant=True)
+        return self.last(h)
+
+
+def _reentrant_run(rank, world_size, way):
+    import gpucourse.sharding.fsdp as fsdp_module
+    import gpucourse.sharding.zero as zero_module
+
+    net = _Checkpointed()
+    calls = []                                       # the reduce-scatters of the gradients
+    for module in (zero_module, fsdp_module):
+        real = module._reduce_scatter_flat
+        module._reduce_scatter_flat = lambda *a, real=real, **k: (calls.append(1), real(*a, **k))[1]
+    if way.startswith("zero"):
+        model, opt = net, gc.ZeroOptimizer(net.parameters(), torch.optim.AdamW, stage=int(way[-1]),
+                                          lr=0.05, weight_decay=0.5)
+    else:
+        model = DDP(net) if way == "ddp" else gc.FullyShardedModule(net, units=["first", "middle", "last"])
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.5)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model), len(calls)
+
+
+@pytest.mark.parametrize("way", ["zero1", "zero2", "fsdp"])
+def test_reentrant_checkpointing_trains_as_ddp_and_reduces_once_per_step(way):
+    """The checkpointed layer's gradients arrive in a backward nested in the outer one, and autograd
+    runs what was queued there at *its* end. ZeroOptimizer(stage=2) reduce-scattered everything at
+    that end (zeros for the first layer) and once more at the outer end: the sum was right, the
+    traffic twice DDP's (once more per checkpointed segment)."""
+    ref = gc.launch(_reentrant_run, 2, args=("ddp",), timeout=120)[0][0]
+    for ours, reductions in gc.launch(_reentrant_run, 2, args=(way,), timeout=120):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+        assert reductions == STEPS * (3 if way == "fsdp" else 1)      # one per unit (FSDP), or all at once
