@@ -7,8 +7,8 @@ replica graphs built in worker threads would still be back-propagated one after 
 1) runs each replica's forward in its device's worker thread on *detached* stand-ins of its
    inputs and of its parameters/buffers (:class:`_Replica`), so each replica's graph is its own;
 2) joins the replicas' outputs to the caller's graph through one autograd node
-   (:class:`_ConcurrentBackward`) whose backward runs every replica's ``torch.autograd.grad`` in
-   that replica's worker thread, at the same time;
+   (:class:`_ConcurrentBackward`) whose backward runs every replica's backward in that replica's
+   worker thread, at the same time, into the stand-ins;
 3) hands the gradients of the stand-ins back to the caller's graph, where they flow to the chunks
    (scatter's backward) and to the original parameters (replicate's backward sums them).
 """
@@ -155,9 +155,12 @@ class _Replica:
         if not pairs or not self.leaves:
             return [None] * len(self.leaves)
         outs, gs = zip(*pairs)
-        result = torch.autograd.grad(outs, self.leaves, gs, allow_unused=True)
+        # backward() into the stand-ins (every leaf of this graph is one: foreign leaves were refused),
+        # not autograd.grad(), which torch.utils.checkpoint(use_reentrant=True) refuses
+        torch.autograd.backward(outs, gs)
+        result = [leaf.grad for leaf in self.leaves]  # None: unused, as autograd.grad(allow_unused=True)
         self.diff_outputs, self.leaves = [], []     # free this replica's graph
-        return list(result)
+        return result
 
 
 class _ConcurrentBackward(torch.autograd.Function):

@@ -19,7 +19,7 @@ runs every CPU backward node on the thread that called ``backward()``, so replic
 worker threads would still be back-propagated one after another. :func:`parallel_apply` therefore
 runs each replica's forward on *detached* copies of its inputs and parameters, and joins the
 results to the caller's graph through one autograd node whose backward runs every replica's
-``torch.autograd.grad`` in that replica's worker thread, at the same time (that machinery is
+backward in that replica's worker thread, at the same time (that machinery is
 :mod:`gpucourse.data_parallel.concurrent_replicas`). On CUDA, PyTorch's engine already has a thread
 per GPU, so plain threads suffice there.
 """
@@ -295,7 +295,7 @@ def parallel_apply(modules: Sequence[nn.Module], inputs: Sequence[Any], devices:
 
     On CPU virtual devices every replica's forward runs in its device's worker thread, and so does
     its backward: the returned outputs are joined to the caller's autograd graph by one node whose
-    backward runs each replica's ``torch.autograd.grad`` concurrently in the workers, then hands
+    backward runs each replica's backward concurrently in the workers, then hands
     the gradients of the replica inputs and parameters back to the caller's graph (where
     :func:`replicate`'s copies sum them into the original parameters). On CUDA devices the
     replicas run in worker threads with their device and stream set, as in PyTorch.

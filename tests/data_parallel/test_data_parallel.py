@@ -99,6 +99,28 @@ def test_training_with_an_optimizer_matches_one_device():
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
 
 
+class _CheckpointedMLP(nn.Module):
+    def __init__(self, use_reentrant):
+        super().__init__()
+        self.first, self.middle, self.last = nn.Linear(6, 9), nn.Linear(9, 9), nn.Linear(9, 3)
+        self.use_reentrant = use_reentrant
+
+    def forward(self, x):
+        h = torch.tanh(self.first(x))
+        h = torch.utils.checkpoint.checkpoint(lambda t: torch.tanh(self.middle(t)), h,
+                                              use_reentrant=self.use_reentrant)
+        return self.last(h)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_inside_the_replicas(use_reentrant):
+    """torch.nn.DataParallel takes a model with checkpointed layers. The replicas' backward ran
+    torch.autograd.grad, which a reentrant checkpoint refuses ("incompatible with .grad()"), so
+    use_reentrant=True raised torch's message about a call the learner never made."""
+    torch.manual_seed(1)
+    _compare_step(_CheckpointedMLP(use_reentrant), [torch.randn(10, 6)], 3)
+
+
 def test_batchnorm_per_chunk_statistics_and_only_replica_0_updates_buffers():
     torch.manual_seed(0)
     model = nn.BatchNorm1d(3)
