@@ -499,10 +499,12 @@ class MiniDDP(nn.Module):
         same ones), then start clean, so that the next backward's gradients are not mixed with the
         dead one's slots. torch DDP refuses the next forward instead ("Expected to have finished
         reduction in the prior iteration")."""
-        for bucket in self._buckets[: self._next_bucket]:
-            (bucket.future or bucket.work).wait()
-        self._reset_buckets()
-        self._finish.forget()
+        try:
+            for bucket in self._buckets[: self._next_bucket]:
+                (bucket.future or bucket.work).wait()   # one that failed raises here, once
+        finally:
+            self._reset_buckets()
+            self._finish.forget()
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         """Runs inside autograd when ``param.grad`` has received this backward's contribution."""
