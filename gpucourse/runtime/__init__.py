@@ -16,7 +16,7 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 - ``doctor``    ``python -m gpucourse doctor``
 - ``exiting``   ``run_main(main)``: a torchrun script's last line (no SIGABRT at interpreter shutdown)
 - ``autograd_graph``  ``graph_nodes(outputs)``: the autograd nodes behind a forward's outputs (which
-  parameters it reached)
+  parameters it reached); ``EndOfBackward``: a callback at the end of the outermost backward
 """
 
 from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units

@@ -11,9 +11,9 @@ reductions).
 Example::
 
     >>> import torch
-    >>> w, b = torch.ones(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    >>> w, unused = torch.ones(2, requires_grad=True), torch.zeros(2, requires_grad=True)
     >>> y = (w * 3).sum()
-    >>> [node.variable is w for node in graph_nodes(y) if hasattr(node, "variable")]
+    >>> [node.variable is w for node in graph_nodes(y) if hasattr(node, "variable")]    # w, not unused
     [True]
 """
 
