@@ -841,7 +841,7 @@ class _Checkpointed(nn.Module):
         return self.last(h)
 
 
-def _reentrant_run(rank, world_size, way):
+def _reentrant_run(rank, world_size, way, accumulate=False):
     import gpucourse.sharding.fsdp as fsdp_module
     import gpucourse.sharding.zero as zero_module
 
@@ -858,6 +858,10 @@ def _reentrant_run(rank, world_size, way):
         opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.5)
     for step in range(STEPS):
         x, y = batch(step, rank, world_size)
+        if accumulate:                               # a micro-batch under no_sync() first
+            with model.no_sync():
+                F.mse_loss(model(x[:2]), y[:2]).backward()
+            x, y = x[2:], y[2:]
         F.mse_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
@@ -874,3 +878,13 @@ def test_reentrant_checkpointing_trains_as_ddp_and_reduces_once_per_step(way):
     for ours, reductions in gc.launch(_reentrant_run, 2, args=(way,), timeout=120):
         torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
         assert reductions == STEPS * (3 if way == "fsdp" else 1)      # one per unit (FSDP), or all at once
+
+
+def test_reentrant_checkpointing_with_no_sync_flushes_each_unit_once():
+    """FullyShardedModule flushes, at the end of the synchronised backward, the units still holding a
+    no_sync() sum. Run at the end of the checkpoint's nested backward, it sent the first layer's sum
+    early, and the outer backward then reduce-scattered that unit a second time (4 per step, not 3)."""
+    ref = gc.launch(_reentrant_run, 2, args=("ddp", True), timeout=120)[0][0]
+    for ours, reductions in gc.launch(_reentrant_run, 2, args=("fsdp", True), timeout=120):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
+        assert reductions == STEPS * 3
