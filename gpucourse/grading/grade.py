@@ -496,6 +496,9 @@ class Judges:
     judge already gone (another submission's doing) is asked again of a fresh judge.
     """
 
+    #: the host imports what forking ranks needs once for every judge (:func:`.judge._preload`):
+    #: these judges run the course's answers, on ranks in most chapters
+    warm_host: bool = True
     #: seconds a judge may take over one ``compare`` (its reference is ready by then)
     compare_timeout: float = 120
     #: seconds a judge may take to draw a slot's inputs and run the course's answer on them
@@ -571,7 +574,7 @@ class Judges:
             if self._host is None or not self._host.alive():
                 if self._host is not None:
                     self._host.close()
-                self._host = JudgeHost(private_network=self.private_network)
+                self._host = JudgeHost(private_network=self.private_network, warm=self.warm_host)
             return self._host
 
     def _judge_source(self, chapter: str) -> dict:

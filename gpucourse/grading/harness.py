@@ -733,13 +733,16 @@ class JudgeHost:
     a loopback no submission shares. Like a judge, the host dies with the thread that started it.
     """
 
-    def __init__(self, *, private_network: bool = False):
+    def __init__(self, *, private_network: bool = False, warm: bool = False):
+        """``warm``: the host also imports what forking ranks needs (``torch._dynamo``), once for
+        all its judges, instead of each judge that runs the course's answers on ranks for itself."""
         import socket
         import tempfile
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.log = tempfile.TemporaryFile(prefix="gpucourse-judge-host-")
-        argv, _ = _judge_command(["--host", str(theirs.fileno())], private_network=private_network)
+        argv, _ = _judge_command(["--host", str(theirs.fileno()), *(["--warm"] if warm else [])],
+                                 private_network=private_network)
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log,
                                          env=_judge_env(), pass_fds=[theirs.fileno()])

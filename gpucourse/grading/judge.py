@@ -25,7 +25,7 @@ graded with one seed computes each reference once. Values from a kernel are read
 (:mod:`.structure`), before a check's compare sees them. Anything a cell prints goes to stderr;
 stdout carries only the replies.
 
-**Host mode** (``--host FD``, :func:`host`): a grading run starts one host that imports torch,
+**Host mode** (``--host FD [--warm]``, :func:`host`): a grading run starts one host that imports torch,
 IPython and the course once and forks a judge per chapter on request (:class:`.harness.JudgeHost`);
 the forks share those pages and start in a fraction of a second. A learner's own check starts its
 judge directly.
@@ -451,16 +451,26 @@ def main(argv=None) -> int:
     return 0
 
 
-def _preload() -> None:
-    """What every judge imports, imported once by the host (:func:`host`): its forks share the pages."""
+def _preload(warm: bool = False) -> None:
+    """What every judge imports, imported once by the host (:func:`host`): its forks share the pages.
+
+    ``warm``: also what a process imports before it forks ranks (:func:`gpucourse.runtime.processes.warm_parent`:
+    ``torch._dynamo``, 1.5-2 s and some 60 MB), which each judge that runs the course's answers on
+    ranks would otherwise import for itself — a public judge runs no answer and starts no rank.
+    """
     for name in ("torch", "torch.distributed", "torch.nn", "torch.optim", "nbformat", "gpucourse",
                  "IPython.core.interactiveshell"):
         with contextlib.suppress(Exception):    # a judge that needs it meets the failure and reports it
             __import__(name)
+    if warm:
+        from ..runtime.processes import warm_parent
+
+        warm_parent()
 
 
-def host(fd: int) -> int:
-    """``--host FD``: import torch, IPython and the course once, then fork one judge per request.
+def host(fd: int, *, warm: bool = False) -> int:
+    """``--host FD [--warm]``: import torch, IPython and the course once (``--warm``: and what
+    forking ranks needs, see :func:`_preload`), then fork one judge per request.
 
     Requests come over the ``SOCK_SEQPACKET`` socket ``FD``, one message each: a JSON list, the
     judge's arguments, with three file descriptors (its stdin, stdout, stderr). The reply is
@@ -476,7 +486,7 @@ def host(fd: int) -> int:
 
     from ..runtime import reap_children
 
-    _preload()
+    _preload(warm)
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
     for end in (wake_r, wake_w):
@@ -532,5 +542,5 @@ def host(fd: int) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--host"]:
-        sys.exit(host(int(sys.argv[2])))
+        sys.exit(host(int(sys.argv[2]), warm=sys.argv[3:4] == ["--warm"]))
     sys.exit(main())

@@ -61,6 +61,9 @@ class PublicJudges(Judges):
     from the chapter's public cases file instead of running an answer. Everything else — the
     retries, the compare timeout, plan and build — is :class:`.grade.Judges`'."""
 
+    #: a public judge runs no answer and starts no rank: its host need not import what ranks need
+    warm_host = False
+
     def __init__(self, public: dict[str, tuple[Path, Path]], seed: int, *, private_network: bool = False):
         """``public``: chapter → (its public cases file, the folder of its release notebook)."""
         super().__init__(None, seed, private_network=private_network)
