@@ -454,7 +454,7 @@ def main(argv=None) -> int:
 def _preload(warm: bool = False) -> None:
     """What every judge imports, imported once by the host (:func:`host`): its forks share the pages.
 
-    ``warm``: also what a process imports before it forks ranks (:func:`gpucourse.runtime.processes.warm_parent`:
+    ``warm``: also what a process imports before it forks ranks (:func:`gpucourse.runtime.warm_parent`:
     ``torch._dynamo``, 1.5-2 s and some 60 MB), which each judge that runs the course's answers on
     ranks would otherwise import for itself — a public judge runs no answer and starts no rank.
     """
@@ -463,7 +463,7 @@ def _preload(warm: bool = False) -> None:
         with contextlib.suppress(Exception):    # a judge that needs it meets the failure and reports it
             __import__(name)
     if warm:
-        from ..runtime.processes import warm_parent
+        from ..runtime import warm_parent
 
         warm_parent()
 
