@@ -455,7 +455,7 @@ def _preload(warm: bool = False) -> None:
     """What every judge imports, imported once by the host (:func:`host`): its forks share the pages.
 
     ``warm``: also what a process imports before it forks ranks (:func:`gpucourse.runtime.warm_parent`:
-    ``torch._dynamo``, 1.5-2 s and some 60 MB), which each judge that runs the course's answers on
+    ``torch._dynamo``, 1.5-2 s and 50-80 MB), which each judge that runs the course's answers on
     ranks would otherwise import for itself — a public judge runs no answer and starts no rank.
     """
     for name in ("torch", "torch.distributed", "torch.nn", "torch.optim", "nbformat", "gpucourse",

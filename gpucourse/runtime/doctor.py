@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units
 from .devices import cpu_cores, visible_devices
-from .launcher import _warm_parent, launch
+from .launcher import launch
+from .processes import warm_parent
 
 __all__ = ["doctor", "cpu_supports_bf16"]
 
@@ -77,7 +78,7 @@ def doctor(smoke_test: bool = True, file=None) -> bool:
     note = ("" if has_bf16_units(bf16) else "NOTE: ") + bf16_hardware_note(bf16)
     print(textwrap.fill(note, 100, initial_indent=" " * 24, subsequent_indent=" " * 24), file=out)
     if smoke_test and backends["gloo"]:
-        _warm_parent()  # one-off imports that every later launch reuses; not part of the timing
+        warm_parent()  # one-off imports that every later launch reuses; not part of the timing
         start = time.perf_counter()
         try:
             result = launch(_smoke, 2, timeout=60)

@@ -39,7 +39,6 @@ from typing import Any, Callable, Sequence
 from .ports import _ephemeral_range, free_port, host_store  # noqa: F401 - free_port is public here
 from .process_tree import launcher_subreaper
 from .processes import Rank, ask_for_stacks, choose_start_method, send_port, start_ranks, stop
-from .processes import warm_parent as _warm_parent  # noqa: F401 - doctor warms up through it
 from .processes import wait_ready as _wait_for
 from .rank_output import blocked_report, print_grouped, read, tidy_stack
 from .validate import check_choice, check_int, check_positive

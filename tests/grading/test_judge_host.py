@@ -2,7 +2,7 @@
 
 A judge that runs the course's answers on ranks (chapters 00, 04, 05, 07-11) forks them through
 ``gc.launch`` or ``gc.start_ranks``, which first import ``torch._dynamo`` in the forking process
-(:func:`gpucourse.runtime.warm_parent`): 1.5-2 s of CPU and some 60 MB of its own pages,
+(:func:`gpucourse.runtime.warm_parent`): 1.5-2 s of CPU and 50-80 MB of its own pages,
 once per judge. The host of :class:`~gpucourse.grading.grade.Judges` imports it before it forks
 them, so they share it; the host of a self-check without ``solutions/`` (public judges: no answer
 runs, no rank starts) does not pay for it.
