@@ -202,6 +202,9 @@ def run(folder: Path, workers: int, out: Path, seed: int) -> dict:
     elapsed = time.monotonic() - started
     cpu = _busy_cpu_seconds() - before
     t.join()
+    if not out.exists():        # the grader refused (no sandbox, a bad argument) or died: say why
+        raise SystemExit(f"grade --workers {workers} wrote no gradebook (exit status {proc.returncode}); "
+                         f"it said: {err.decode().strip()[-2000:] or '(nothing)'}")
     data = json.loads(out.read_text())
     peak_mb = {k: v / 2**20 for k, v in peak.items() if k != "judge_count"}
     peak_mb["judge_count"] = peak["judge_count"]
