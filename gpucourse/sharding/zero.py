@@ -152,8 +152,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         ``step()``: the gradients live in the shard (a backward onto an old one raises).
         ``state_dict()`` needs ``consolidate_state_dict(to=…)`` first, as
         ``ZeroRedundancyOptimizer``'s; :meth:`shard_state_dict` is this rank's slice. The state is
-        sliced element by element: optimizers whose state is per tensor (LAMB's trust ratio,
-        Adafactor) do not shard this way. Freezing or unfreezing a parameter after construction raises at the next ``step()``.
+        sliced element by element: an optimizer that is not element-wise (Adafactor, LAMB's trust
+        ratio, Muon, LBFGS) is refused at construction, after a two-step probe on small matrices.
+        Freezing or unfreezing a parameter after construction raises at the next ``step()``. A
+        ZeroOptimizer built later on the same parameters takes them over: the earlier one's
+        ``step()`` then raises, and its gradient hooks are gone (they also go with the optimizer).
         fp16 loss scaling (``torch.amp.GradScaler``) works as with DDP: ``scaler.unscale_(opt)``
         (or ``scaler.step(opt)``) averages the gradients first, unscales this rank's slice and
         finds inf or nan in it, and the ranks agree (one all-reduce) — so every rank skips the
@@ -183,16 +186,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._seen: dict[int, int] = {}                   # id(param) -> its group, for add_param_group
         # torch.optim's bookkeeping: self.param_groups holds the model's parameters and options
         super().__init__(books.param_groups_of(params), optimizer_kwargs)
-        books.check_trainable(self.param_groups)
+        books.check_element_wise(optimizer_class, optimizer_kwargs, books.check_trainable(self.param_groups)[0])
         self.optimizer_class, self.stage, self.group = optimizer_class, stage, group
         self.rank, self.world_size, self._global_rank = group_info(group)
-        self._hooked: set[int] = set()
+        self._hooks: dict[int, torch.utils.hooks.RemovableHandle] = {}   # id(param) -> its gradient hook
+        self._retired = False                     # a later ZeroOptimizer took these parameters
         self._written: dict[int, torch.Tensor] = {}   # id(param) -> its gradient's 1st element after backward
         self._got_grad: set[int] = set()          # stage 2: id(param) of those that got a gradient
         self._used: dict[int, bool] = {}          # id(param) -> had a gradient (on some rank) in every step
         self._averaged = False                    # clip_grad_norm_ already averaged this step's gradients
         self._stepped = False                     # stage 2: step() ran and zero_grad() did not yet
-        self._end = EndOfBackward(self._end_of_backward)   # stage 2: at the end of each backward
+        self._end = EndOfBackward(_weakly(self, ZeroOptimizer._end_of_backward))   # stage 2: each backward's end
         self._last_used: list[bool] | None = None
         self._build()
         self._built = True
@@ -239,10 +243,33 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._consolidated = None
         self._group_of = [next(g for g, (lo, hi) in enumerate(self.layout.group_ranges) if lo <= off < hi)
                           for off in self.offsets]
-        for p in self.params:                     # every backward: record what it wrote (stage 2: reduce)
-            if id(p) not in self._hooked:
-                p.register_post_accumulate_grad_hook(self._grad_ready)
-                self._hooked.add(id(p))
+        # every backward: record what it wrote (stage 2: reduce). The hooks hold this optimizer weakly
+        # and go when it does, or when a later ZeroOptimizer takes the parameters: a stage-2 hook left
+        # behind reduced and dropped the gradients the next optimizer needed (DDP then averaged zeros).
+        mine = {id(p) for p in self.params}
+        for older in [o for o in list(_LIVE) if o is not self and mine & {id(p) for p in o.params}]:
+            older._retire()
+        for p in self.params:
+            if id(p) not in self._hooks:
+                self._hooks[id(p)] = p.register_post_accumulate_grad_hook(
+                    _weakly(self, ZeroOptimizer._grad_ready))
+        weakref.finalize(self, _remove_all, list(self._hooks.values()))
+
+    def _retire(self) -> None:
+        """A ZeroOptimizer built later on (some of) these parameters made them views into its own flat
+        buffer: this one's updates would no longer reach the model, and its hooks would reduce and drop
+        the gradients the new one needs. Unhook, and refuse from now on."""
+        _remove_all(self._hooks.values())
+        self._hooks.clear()
+        self._retired = True
+        _LIVE.discard(self)
+
+    def _check_not_retired(self) -> None:
+        if self._retired:
+            raise RuntimeError("this ZeroOptimizer's parameters were taken by a ZeroOptimizer built later on "
+                               "them (they are views into its flat buffer now): step that one, or load this "
+                               "one's state_dict into it; this one would update a buffer the model no "
+                               "longer reads")
 
     # -- 2) gradients: reduce-scatter, keep this rank's slice, divided by N -----------------------
     def _reduce_gradients(self) -> None:
@@ -384,6 +411,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """Average the gradients, update this rank's shard, all-gather the parameters."""
+        self._check_not_retired()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -433,6 +461,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _average_now(self) -> None:
         """Average this step's gradients into the shard before ``step()`` (clipping, GradScaler's
         unscale), which then steps on them as they are."""
+        self._check_not_retired()
         self._finish_gradients()
         self._averaged = True
 
@@ -611,6 +640,22 @@ class ZeroOptimizer(torch.optim.Optimizer):
 # --- torch's clipping functions on a ZeroOptimizer's parameters: refused, naming the right call ----
 
 _LIVE: "weakref.WeakSet[ZeroOptimizer]" = weakref.WeakSet()
+
+
+def _weakly(opt: "ZeroOptimizer", method):
+    """``method`` of ``opt`` as a callback that does not keep ``opt`` alive (nothing once it is gone)."""
+    ref = weakref.ref(opt)
+
+    def call(*args):
+        target = ref()
+        if target is not None:
+            method(target, *args)
+    return call
+
+
+def _remove_all(handles) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 def _owner(parameters) -> "ZeroOptimizer | None":

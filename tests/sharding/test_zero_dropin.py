@@ -496,3 +496,105 @@ def test_grad_scaler_unscale_then_clip_equals_ddp(stage):
         assert scales == ddp_scales
         for a, b in zip(ddp, mine):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def _refused(rank, world_size, optimizer_class, kwargs):
+    model = make_model()
+    with pytest.raises(ValueError) as caught:
+        gc.ZeroOptimizer(model.parameters(), optimizer_class, stage=1 + rank, **kwargs)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("name, kwargs, why", [
+    ("Adafactor", {"lr": 0.01}, "does not update each element on its own"),
+    ("Muon", {"lr": 0.01}, "Muon only supports 2D parameters"),
+    ("LBFGS", {}, "missing 1 required positional argument: 'closure'"),
+])
+def test_an_optimizer_that_is_not_element_wise_is_refused_at_construction(name, kwargs, why):
+    """Each rank's shard is a 1-D slice across parameters. Adafactor stepped on such slices (factored
+    moments, RMS-scaled steps) trained 4e-3 to 7e-3 away from DDP + Adafactor in 5 steps, with no
+    error; Muon and LBFGS failed with errors about a parameter or a closure the user never passed.
+    Now each is refused when the optimizer is built, on every rank, naming what to use instead."""
+    optimizer_class = getattr(torch.optim, name)
+    for message in gc.launch(_refused, 2, args=(optimizer_class, kwargs), timeout=120):
+        assert f"ZeroOptimizer cannot shard {name}" in message and why in message, message
+        assert "ZeroRedundancyOptimizer" in message, message
+    # the difference is real: torch's ZeroRedundancyOptimizer (whole parameters) trains as DDP, and
+    # Adafactor on slices of the same numbers does not
+    if name == "Adafactor":
+        whole = [nn.Parameter(torch.arange(30.0).reshape(6, 5) / 7)]
+        pieces = [nn.Parameter(t.clone()) for t in whole[0].detach().reshape(-1).tensor_split([17])]
+        for params, groups in ((whole, whole), (pieces, [{"params": [p]} for p in pieces])):
+            opt = torch.optim.Adafactor(groups, lr=0.01)
+            for p in params:
+                p.grad = torch.ones_like(p)
+            opt.step()
+        assert not torch.equal(whole[0].detach().reshape(-1), torch.cat([p.detach() for p in pieces]))
+
+
+def _rebuilt(rank, world_size, first, second):
+    """Three steps with one optimizer, then a new one on the same parameters (a new phase), two more."""
+    model = make_model()
+    net = DDP(model) if first == "ddp" else model
+    make = {"ddp": lambda lr: torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.1)}
+    opts = []
+    for phase, (way, lr, steps) in enumerate(((first, 0.01, range(3)), (second, 0.003, range(3, 5)))):
+        opt = make[way](lr) if way == "ddp" else gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW,
+                                                                    stage=way, lr=lr, weight_decay=0.1)
+        opts.append(opt)
+        for step in steps:
+            x, y = batch(step, rank, world_size)
+            F.mse_loss(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    with pytest.raises(RuntimeError, match="taken by a ZeroOptimizer built later") if first != "ddp" else \
+            contextlib.nullcontext():
+        opts[0].step()                            # the first one's parameters belong to the second
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("first, second", [(2, 2), (2, 1), (1, 2)])
+def test_a_zero_optimizer_built_again_on_the_same_parameters_trains_as_ddp(first, second):
+    """A second ZeroOptimizer on the same model (a new phase, a re-run notebook cell, a resume).
+    The first one's stage-2 gradient hooks stayed on the parameters: the next backward died with
+    "'NoneType' object has no attribute 'numel'" in them. Now the new optimizer takes the
+    parameters (the old one's hooks go, its step() refuses), and training equals DDP + AdamW built
+    again the same way, bit for bit."""
+    ddp = gc.launch(_rebuilt, 2, args=("ddp", "ddp"), timeout=120)[0]
+    for params in gc.launch(_rebuilt, 2, args=(first, second), timeout=120):
+        for p, q in zip(params, ddp):
+            assert torch.equal(p, q)
+
+
+def _then_ddp(rank, world_size, first):
+    """Three steps with ZeRO (gc's stage 2, or torch's), then DDP + plain AdamW: one backward's gradients."""
+    model = make_model()
+    if first == "torch":
+        net = DDP(model)
+        opt = ZeroRedundancyOptimizer(net.parameters(), torch.optim.AdamW, lr=0.01)
+    else:
+        net, opt = model, gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, lr=0.01)
+    for step in range(3):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(net(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    if first != "torch":
+        net = DDP(model)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01)      # the ZeroOptimizer is dropped here
+    x, y = batch(3, rank, world_size)
+    F.mse_loss(net(x), y).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_a_dropped_stage_2_optimizer_leaves_no_hook_behind():
+    """ZeroOptimizer(stage=2) for a phase, then DDP + AdamW on the same model. The dropped optimizer's
+    hooks (which held it alive) still reduce-scattered the gradients and set them to None in the
+    next backward: DDP then averaged zeros for the first layer's weight, in silence. The hooks hold
+    the optimizer weakly now and go with it: the gradients equal those after torch's ZeRO."""
+    torch_first = gc.launch(_then_ddp, 2, args=("torch",), timeout=120)
+    gc_first = gc.launch(_then_ddp, 2, args=("gc",), timeout=120)
+    for theirs, ours in zip(torch_first, gc_first):
+        assert all(g.abs().max() > 0 for g in ours)
+        for g, h in zip(theirs, ours):
+            assert torch.equal(g, h)
