@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_leaves, tree_map
+from torch.utils._pytree import tree_map
 
-from ..runtime import EndOfBackward, graph_nodes, same_on_every_rank
+from ..runtime import EndOfBackward, graph_nodes, output_tensors, same_on_every_rank
 from .ddp_trace import StepTrace
 
 __all__ = ["MiniDDP", "average_gradients"]
@@ -423,7 +423,7 @@ class MiniDDP(nn.Module):
         out = self.module(*args, **kwargs)
         syncing = torch.is_grad_enabled() and self.require_backward_grad_sync
         self._sync_buffers_next = syncing
-        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        outputs = [t for t in output_tensors(out) if t.requires_grad]
         if syncing and outputs:
             if not self._buckets:
                 self._check_same_params_used(out)

@@ -17,7 +17,7 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 - ``doctor``    ``python -m gpucourse doctor``
 - ``exiting``   ``run_main(main)``: a torchrun script's last line (no SIGABRT at interpreter shutdown)
 - ``autograd_graph``  ``graph_nodes(outputs)``: the autograd nodes behind a forward's outputs (which
-  parameters it reached); ``EndOfBackward``: a callback at the end of the outermost backward
+  parameters it reached), ``output_tensors(outputs)`` the tensors in them (dataclasses too); ``EndOfBackward``: a callback at the end of the outermost backward
 """
 
 from .cpu_features import bf16_hardware_note, cpu_supports_bf16, has_bf16_units
@@ -25,7 +25,7 @@ from .exiting import run_main
 from .devices import cpu_cores, default_backend, rank_device, virtual_devices, visible_devices
 from .groups import group_info
 from .agreement import same_on_every_rank
-from .autograd_graph import EndOfBackward, graph_nodes
+from .autograd_graph import EndOfBackward, graph_nodes, output_tensors
 from .launcher import WorkerError, free_port, launch
 from .live_ranks import LiveRanks, RankError, RankTimeout, ranks, start_ranks
 from .ports import listen_on
@@ -40,4 +40,4 @@ __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cor
            "LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks",
            "listen_on", "reap_children", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
            "measure", "speedup", "check_choice", "check_int", "check_number", "check_positive",
-           "check_tensor", "check_type", "run_main", "EndOfBackward", "graph_nodes", "warm_parent"]
+           "check_tensor", "check_type", "run_main", "EndOfBackward", "graph_nodes", "output_tensors", "warm_parent"]

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Iterator
 
@@ -26,9 +27,34 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 
+def output_tensors(outputs) -> list[torch.Tensor]:
+    """The tensors in a forward's ``outputs``: any pytree (tuple, list, dict, namedtuple) and the fields
+    of dataclasses in it, as PyTorch DDP finds them (``_find_tensors``). ``tree_leaves`` alone sees a
+    ``@dataclass`` output as one leaf that is not a tensor: the checks that stand on this found no
+    tensor and refused nothing, and the ranks met in mismatched collectives.
+
+        >>> import dataclasses
+        >>> @dataclasses.dataclass
+        ... class Out:
+        ...     loss: torch.Tensor
+        ...     extra: tuple
+        >>> [t.tolist() for t in output_tensors({"out": Out(torch.ones(1), (torch.zeros(2), "note"))})]
+        [[1.0], [0.0, 0.0]]
+    """
+    found, stack, seen = [], [outputs], set()
+    while stack:
+        for leaf in tree_leaves(stack.pop()):
+            if isinstance(leaf, torch.Tensor):
+                found.append(leaf)
+            elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type) and id(leaf) not in seen:
+                seen.add(id(leaf))
+                stack.extend(getattr(leaf, f.name) for f in reversed(dataclasses.fields(leaf)))
+    return found
+
+
 def graph_nodes(outputs) -> Iterator[torch.autograd.graph.Node]:
-    """Each autograd node that the tensors in ``outputs`` (any pytree) depend on, once."""
-    stack = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    """Each autograd node that the tensors in ``outputs`` (see :func:`output_tensors`) depend on, once."""
+    stack = [t.grad_fn for t in output_tensors(outputs) if t.grad_fn is not None]
     seen = set()
     while stack:
         node = stack.pop()

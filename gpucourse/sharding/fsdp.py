@@ -47,9 +47,8 @@ import sys
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_leaves
 
-from ..runtime import EndOfBackward, graph_nodes, group_info, same_on_every_rank, validate
+from ..runtime import EndOfBackward, graph_nodes, group_info, output_tensors, same_on_every_rank, validate
 from .collectives import _all_gather_flat, _reduce_scatter_flat, shard_size
 
 __all__ = ["FullyShardedModule"]
@@ -995,7 +994,7 @@ class FullyShardedModule(nn.Module):
         ``find_unused_parameters=True``, because it all-reduces every bucket whatever was used)."""
         reached: dict[int, set[int]] = collections.defaultdict(set)   # id(unit) -> parameter indices
         trainable = [u for u in self._units if u.trainable]
-        differentiable = any(isinstance(t, torch.Tensor) and t.grad_fn is not None for t in tree_leaves(output))
+        differentiable = any(t.grad_fn is not None for t in output_tensors(output))
         if not differentiable or not trainable:
             return
         for node in graph_nodes(output):

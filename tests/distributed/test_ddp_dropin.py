@@ -2,6 +2,7 @@
 parameters, communication hooks — each run next to torch's DDP on 2 gloo ranks."""
 
 import contextlib
+import dataclasses
 import inspect
 import warnings
 
@@ -19,6 +20,13 @@ STEPS = 3
 FORWARD_SYNC_BUFFERS = "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
 NO_FORWARD_SYNC_BUFFERS = pytest.mark.skipif(
     not FORWARD_SYNC_BUFFERS, reason=f"torch {torch.__version__}'s DDP has no forward_sync_buffers (torch >= 2.13)")
+
+
+@dataclasses.dataclass
+class Prediction:
+    """A forward's output as a dataclass (as Hugging Face's ``ModelOutput`` and many scripts return)."""
+    logits: torch.Tensor
+    note: str = "not a tensor"
 
 
 class Net(nn.Module):
@@ -182,24 +190,37 @@ def test_find_unused_parameters_equals_torch_ddp(bucket_cap_mb):
         assert spare_untouched and branch_averaged
 
 
-def _unused_without_flag(rank, world_size, bucket_cap_mb, branch_on, freeze_spare):
+class _AsDataclass(nn.Module):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        return Prediction(self.net(x))
+
+
+def _unused_without_flag(rank, world_size, bucket_cap_mb, branch_on, freeze_spare, dataclass_output=False):
     torch.manual_seed(0)
     net = Net()
     net.spare.requires_grad_(not freeze_spare)
-    model = gc.MiniDDP(net, bucket_cap_mb=bucket_cap_mb)
+    model = gc.MiniDDP(_AsDataclass(net) if dataclass_output else net, bucket_cap_mb=bucket_cap_mb)
     net.use_branch = rank in branch_on
     x = torch.randn(8, 6, generator=torch.Generator().manual_seed(rank))
     try:
-        model(x).sum().backward()
+        out = model(x)
+        (out.logits if dataclass_output else out).sum().backward()
     except RuntimeError as e:
         return str(e)
     return None
 
 
+@pytest.mark.parametrize("dataclass_output", [False, True], ids=["tensor output", "dataclass output"])
 @pytest.mark.parametrize("bucket_cap_mb", [None, 0.001, 25])
-def test_a_parameter_used_on_one_rank_only_raises_on_every_rank(bucket_cap_mb):
-    """Used to hang (buckets) or abort gloo / pair the wrong gradients (no buckets)."""
-    out = gc.launch(_unused_without_flag, 2, args=(bucket_cap_mb, (0,), True), timeout=60)
+def test_a_parameter_used_on_one_rank_only_raises_on_every_rank(bucket_cap_mb, dataclass_output):
+    """Used to hang (buckets) or abort gloo / pair the wrong gradients (no buckets); where the forward
+    returns a ``@dataclass``, without buckets, gloo aborted rank 0 until 2026-12-06 (the check found
+    no tensor in the output and refused nothing)."""
+    out = gc.launch(_unused_without_flag, 2, args=(bucket_cap_mb, (0,), True, dataclass_output), timeout=60)
     for message in out:
         assert message is not None and "branch.weight" in message
         assert "find_unused_parameters=True" in message

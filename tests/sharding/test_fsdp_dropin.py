@@ -3,6 +3,7 @@
 PyTorch original next to it on 2 gloo ranks."""
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -701,18 +702,27 @@ def test_reshard_after_forward_false_on_a_tied_tinygpt_is_bit_for_bit(dtype, acc
 
 # --- parameters that get no gradient --------------------------------------------------------------
 
-class _TwoHeads(nn.Module):
-    """`head_b` is used where `use_b` holds: on every rank, on rank 0 only, or nowhere."""
+@dataclasses.dataclass
+class _Prediction:
+    """A forward's output as a dataclass (as Hugging Face's ``ModelOutput`` and many scripts return)."""
+    out: torch.Tensor
+    note: str = "not a tensor"
 
-    def __init__(self):
+
+class _TwoHeads(nn.Module):
+    """`head_b` is used where `use_b` holds: on every rank, on rank 0 only, or nowhere. With
+    `dataclass_output`, the forward returns a :class:`_Prediction`."""
+
+    def __init__(self, dataclass_output=False):
         super().__init__()
         torch.manual_seed(0)
         self.body, self.head_a, self.head_b = nn.Linear(6, 16), nn.Linear(16, 3), nn.Linear(16, 3)
-        self.use_b = False
+        self.use_b, self.dataclass_output = False, dataclass_output
 
     def forward(self, x):
         h = torch.tanh(self.body(x))
-        return self.head_a(h) + (self.head_b(h) if self.use_b else 0)
+        out = self.head_a(h) + (self.head_b(h) if self.use_b else 0)
+        return _Prediction(out) if self.dataclass_output else out
 
 
 def _wrapped(net, way, units=None):
@@ -730,15 +740,16 @@ def _wrapped(net, way, units=None):
     return gc.FullyShardedModule(net, units=units)
 
 
-def _unused_run(rank, world_size, way, used_on, units=None):
-    net = _TwoHeads()
+def _unused_run(rank, world_size, way, used_on, units=None, dataclass_output=False):
+    net = _TwoHeads(dataclass_output)
     model = _wrapped(net, way, units)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.5)    # decay moves any stepped value
     try:
         for step in range(STEPS):
             net.use_b = rank in used_on
             x, y = batch(step, rank, world_size)
-            F.mse_loss(model(x), y).backward()
+            out = model(x)
+            F.mse_loss(out.out if dataclass_output else out, y).backward()
             opt.step()
             opt.zero_grad()
     except RuntimeError as e:
@@ -776,14 +787,18 @@ def test_a_unit_no_rank_used_is_skipped_as_ddp_skips_it(units):
             torch.testing.assert_close(state[k], v, rtol=1e-6, atol=1e-7, msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_a_parameter_used_on_some_ranks_only_is_refused_after_the_forward_on_every_rank():
+@pytest.mark.parametrize("dataclass_output", [False, True], ids=["tensor output", "dataclass output"])
+def test_a_parameter_used_on_some_ranks_only_is_refused_after_the_forward_on_every_rank(dataclass_output):
     """DDP(find_unused_parameters=True) averages it with the other ranks' zeros; a sharded unit's
     backward collectives would differ between the ranks (rank 1 died in gloo, "collective
-    mismatch", before), so it is refused on every rank, naming it, before any backward."""
-    ref_error, ref = gc.launch(_unused_run, 2, args=("ddp", (0,)), timeout=120)[0]
+    mismatch", before), so it is refused on every rank, naming it, before any backward. Also where
+    the forward returns a ``@dataclass``: the check found no tensor in one and refused nothing, and
+    rank 1 died in gloo again (until 2026-12-06)."""
+    ref_error, ref = gc.launch(_unused_run, 2, args=("ddp", (0,), None, dataclass_output), timeout=120)[0]
     assert ref_error is None
     before = _TwoHeads().state_dict()
-    for rank, (error, state) in enumerate(gc.launch(_unused_run, 2, args=("ours", (0,), MIXED), timeout=120)):
+    for rank, (error, state) in enumerate(gc.launch(_unused_run, 2, args=("ours", (0,), MIXED, dataclass_output),
+                                                    timeout=120)):
         assert error is not None and "['head_b.weight', 'head_b.bias'] take part in this forward on some " \
             "ranks only" in error, error
         assert ("on this rank: ['head_b.weight', 'head_b.bias']" if rank == 0 else "on this rank: none") in error
