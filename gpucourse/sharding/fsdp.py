@@ -610,10 +610,16 @@ class _Note:
         self.unit, self.size, self.stride, self.offset = unit, t.size(), t.stride(), t.storage_offset()
 
 
+#: modules whose forward reads their children's parameters directly: below no listed unit, they form
+#: one unit with those children (``nn.MultiheadAttention`` and its ``out_proj``), as FSDP2 would need
+_READS_CHILDREN = (nn.MultiheadAttention,)
+
+
 def _units_of(module: nn.Module, units) -> tuple[list[tuple[str, nn.Module, list]], dict]:
     """``[(path, module, [(name relative to it, parameter), …]), …]``: one unit per path in ``units``
     (the parameters below it that no deeper path claims), then every module that owns parameters
-    below no path, on its own (``units=None``: all of them). A parameter that several modules own
+    below no path, on its own (``units=None``: all of them) — except the children of a module in
+    ``_READS_CHILDREN``, which join its unit. A parameter that several modules own
     (a tied weight, ``head.weight = wte.weight``) is claimed by the first; the second dict maps it
     to its other owners, ``id(param) → [(module, attribute, full name), …]``."""
     modules = dict(module.named_modules())
@@ -637,7 +643,12 @@ def _units_of(module: nn.Module, units) -> tuple[list[tuple[str, nn.Module, list
         above = [u for u in units if u == "" or path == u or path.startswith(u + ".")]
         return max(above, key=len) if above else None
 
+    # modules whose forward reads their children's parameters without calling the children: a child
+    # in a unit of its own would not be gathered then (MultiheadAttention passes out_proj.weight to
+    # F.multi_head_attention_forward; it failed with "linear(): argument 'weight' … not NoneType")
+    readers = [path for path, m in modules.items() if isinstance(m, _READS_CHILDREN)]
     claimed, loose, aliases, seen = {u: [] for u in units}, [], {}, set()
+    loose_at: dict[str, list] = {}              # path of a loose unit -> its parameters
     for path, m in modules.items():
         own = []
         for n, p in m._parameters.items():
@@ -652,7 +663,13 @@ def _units_of(module: nn.Module, units) -> tuple[list[tuple[str, nn.Module, list
             continue
         u = unit_of(path)
         if u is None:
-            loose.append((path, m, own))
+            reader = next((r for r in readers if path.startswith(r + ".") and r in loose_at), None)
+            if reader is not None:              # with the reader's own parameters, in its unit
+                rel = path[len(reader) + 1:]
+                loose_at[reader] += [(f"{rel}.{n}", p) for n, p in own]
+            else:
+                loose.append((path, m, own))
+                loose_at[path] = own
             continue
         rel = path[len(u):].lstrip(".")
         claimed[u] += [(f"{rel}.{n}" if rel else n, p) for n, p in own]
@@ -787,7 +804,9 @@ class FullyShardedModule(nn.Module):
         device — sharding does not split a layer's computation (that is tensor parallelism).
         A layer's parameters exist only while it runs: code that reads ``layer.weight`` outside
         the layer's forward (a tied head ``F.linear(x, self.tok_emb.weight)``) finds ``None``
-        unless the layer is in ``keep_gathered`` (embeddings are, by default). With
+        unless the layer is in ``keep_gathered`` (embeddings are, by default), or shares a unit
+        with the reader (``torch.nn.MultiheadAttention`` reads its ``out_proj.weight`` so: its
+        children join its unit by default). With
         ``param_dtype`` the outputs come in that dtype: compute the loss in fp32
         (``loss_fn(out.float(), y)``). fp16 gradients can underflow without loss scaling;
         ``torch.amp.GradScaler`` works as with DDP: an inf or nan in a unit's gradient on any rank

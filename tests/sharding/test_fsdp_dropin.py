@@ -903,3 +903,35 @@ def test_reentrant_checkpointing_with_no_sync_flushes_each_unit_once():
     for ours, reductions in gc.launch(_reentrant_run, 2, args=("fsdp", True), timeout=120):
         torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
         assert reductions == STEPS * 3
+
+
+def _attention_run(rank, world_size, way):
+    """torch's own TransformerEncoderLayer: its MultiheadAttention reads ``out_proj.weight`` directly."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0,
+                                                                      batch_first=True), nn.Linear(8, 1))
+    model = {"ddp": DDP, "fsdp2": _fsdp2, "ours": gc.FullyShardedModule}[way](model)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+    for step in range(3):
+        g = torch.Generator().manual_seed(10 + step)
+        x = torch.randn(4, 5, 4, generator=g).tensor_split(world_size)[rank]
+        y = torch.randn(4, 5, 1, generator=g).tensor_split(world_size)[rank]
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return _full(model)
+
+
+def test_torchs_multihead_attention_trains_with_the_default_units_as_ddp_and_fsdp2():
+    """With one unit per module that owns parameters, MultiheadAttention's ``out_proj`` was a unit of
+    its own that nothing called (MultiheadAttention passes ``out_proj.weight`` to
+    ``F.multi_head_attention_forward``): the first forward failed inside torch with "linear():
+    argument 'weight' must be Tensor, not NoneType", which FSDP2 does not. Now the attention and its
+    out_proj are one unit by default, and training equals DDP and FSDP2."""
+    ddp = gc.launch(_attention_run, 2, args=("ddp",), timeout=120)[0]
+    fsdp2 = gc.launch(_attention_run, 2, args=("fsdp2",), timeout=120)[0]
+    for state in gc.launch(_attention_run, 2, args=("ours",), timeout=120):
+        assert state.keys() == ddp.keys()
+        for k, v in ddp.items():
+            torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+            torch.testing.assert_close(state[k], fsdp2[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
