@@ -463,3 +463,33 @@ def test_reentrant_checkpointing_trains_as_ddp(bucket_cap_mb):
     for ours, ref in zip(gc.launch(_reentrant, 2, args=("mini", bucket_cap_mb), timeout=120), refs):
         for k in ref:
             assert torch.equal(ours[k], ref[k]), k
+
+
+def _twice(rank, world_size, way, bucket_cap_mb=None):
+    """``loss.backward(retain_graph=True)``, then a second backward of the same graph (no new forward)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    model = {"ddp": lambda: DDP(net), "mini": lambda: gc.MiniDDP(net, bucket_cap_mb=bucket_cap_mb),
+             "one process": lambda: net}[way]()
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
+    if way != "one process":
+        x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward(retain_graph=True)
+    (0.5 * loss).backward()
+    return torch.cat([p.grad.reshape(-1) for p in net.parameters()])
+
+
+@pytest.mark.parametrize("bucket_cap_mb", [None, 25])
+def test_a_second_backward_of_the_same_graph_is_averaged_unlike_ddp(bucket_cap_mb):
+    """The README's "differs" row: MiniDDP averages every backward, so after a second backward of the
+    same graph the ranks hold equal gradients, those of one process on the whole batch. DDP averages
+    only the first backward after a forward: each rank keeps its own second gradient, and the ranks
+    drift apart (measured 0.25 apart here, torch 2.14)."""
+    whole = gc.launch(_twice, 1, args=("one process",), timeout=60)[0]
+    ours = gc.launch(_twice, 2, args=("mini", bucket_cap_mb), timeout=60)
+    assert torch.equal(ours[0], ours[1])
+    torch.testing.assert_close(ours[0], whole, rtol=1e-5, atol=1e-6)
+    theirs = gc.launch(_twice, 2, args=("ddp",), timeout=60)
+    assert (theirs[0] - theirs[1]).abs().max() > 1e-2
