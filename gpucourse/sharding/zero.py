@@ -199,6 +199,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._end = EndOfBackward(_weakly(self, ZeroOptimizer._end_of_backward))   # stage 2: each backward's end
         self._last_used: list[bool] | None = None
         self._build()
+        weakref.finalize(self, _remove_all, self._hooks)     # the hooks go with the optimizer
         self._built = True
         _LIVE.add(self)
         _guard_torch_clipping()
@@ -253,14 +254,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if id(p) not in self._hooks:
                 self._hooks[id(p)] = p.register_post_accumulate_grad_hook(
                     _weakly(self, ZeroOptimizer._grad_ready))
-        weakref.finalize(self, _remove_all, list(self._hooks.values()))
 
     def _retire(self) -> None:
         """A ZeroOptimizer built later on (some of) these parameters made them views into its own flat
         buffer: this one's updates would no longer reach the model, and its hooks would reduce and drop
         the gradients the new one needs. Unhook, and refuse from now on."""
-        _remove_all(self._hooks.values())
-        self._hooks.clear()
+        _remove_all(self._hooks)
         self._retired = True
         _LIVE.discard(self)
 
@@ -570,6 +569,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not self._built:                       # from torch.optim's constructor
             super().add_param_group(param_group)
             return
+        self._check_not_retired()
         full = books.gather_full_state(self, to=None)
         super().add_param_group(param_group)
         self._build()
@@ -653,9 +653,11 @@ def _weakly(opt: "ZeroOptimizer", method):
     return call
 
 
-def _remove_all(handles) -> None:
-    for handle in handles:
+def _remove_all(hooks: dict) -> None:
+    """Remove the hooks in ``hooks`` (``id(param) → handle``) and forget them."""
+    for handle in hooks.values():
         handle.remove()
+    hooks.clear()
 
 
 def _owner(parameters) -> "ZeroOptimizer | None":
