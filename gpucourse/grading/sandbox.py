@@ -27,9 +27,11 @@
   with every capability dropped and further user namespaces disabled. :func:`isolation` proves it
   before any notebook runs (a probe reads ``CapEff`` inside); if it cannot, ``grade`` refuses.
 - **Totals.** Besides the per-process limits, a notebook's whole process tree may hold at most
-  ``total_memory_bytes`` of memory (the grader measures it every 0.5 s and stops the notebook), and
-  with ``bwrap`` its work copy and ``/tmp`` are tmpfs of ``disk_bytes`` each. Hitting a limit is
-  named in the notebook's row.
+  ``total_memory_bytes`` of memory, anonymous or shared (``RssAnon`` + ``RssShmem``; the grader
+  measures it every 0.5 s and stops the notebook), and with ``bwrap`` its work copy and ``/tmp`` are
+  tmpfs of ``disk_bytes`` each. Hitting a limit is named in the notebook's row. Memory that no
+  process's resident set would show is refused outright by the shepherd's seccomp filter:
+  ``memfd_create`` and ``memfd_secret`` fail with ENOSYS, SysV ``shmget`` and ``msgget`` with EPERM.
 
 .. warning::
    Without ``bwrap`` a submission can still read and write wherever the grader's user can (other
@@ -80,7 +82,7 @@ class Limits:
     file_bytes: int = 256 << 20      # largest file a notebook may write (RLIMIT_FSIZE)
     processes: int = 512             # extra processes (RLIMIT_NPROC, not enforced for root)
     output_bytes: int = 1 << 20      # output kept per cell (truncated and marked beyond)
-    total_memory_bytes: int = 6 << 30    # the whole process tree of one notebook (resident, anonymous)
+    total_memory_bytes: int = 6 << 30    # the whole process tree of one notebook (resident: anonymous, shared)
     disk_bytes: int = 512 << 20      # with bwrap: the work copy's tmpfs, and /tmp's, each
 
 
@@ -147,7 +149,8 @@ PR_CAPBSET_DROP = 24
 def drop_privileges() -> None:
     """In the sandbox, before anything of the notebook's runs: become ``nobody`` with no capabilities.
 
-    Only when the grader asked for it (root started the sandbox; see :func:`_drop_env`). Order
+    ``no_new_privs`` and the seccomp filter (:func:`_seccomp_filter`) always; the rest only when the
+    grader asked for it (root started the sandbox; see :func:`_drop_env`). Order
     matters: groups and gid first (needs CAP_SETGID), then the bounding set (needs CAP_SETPCAP), then
     the uid — which clears the permitted and effective sets — and ``no_new_privs`` so that no
     set-uid file or file capability gives any of it back.
@@ -158,9 +161,9 @@ def drop_privileges() -> None:
     spec = os.environ.pop(_DROP_VARIABLE, "")
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    _seccomp_filter(libc)
     if not spec:
         return
-    _forbid_user_namespaces(libc)
     uid, gid = (int(x) for x in spec.split(":"))
     os.setgroups([])
     os.setresgid(gid, gid, gid)
@@ -189,15 +192,29 @@ def drop_privileges() -> None:
 PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 CLONE_NEWUSER = 0x10000000
-#: (AUDIT_ARCH, unshare, clone, clone3) per machine
-_SYSCALLS = {"x86_64": (0xC000003E, 272, 56, 435), "aarch64": (0xC00000B7, 97, 220, 435)}
+#: per machine: its AUDIT_ARCH, and the numbers of the system calls the filter looks at
+#: (x86_64: arch/x86/entry/syscalls/syscall_64.tbl; aarch64: include/uapi/asm-generic/unistd.h)
+_SYSCALLS = {
+    "x86_64": (0xC000003E, {"unshare": 272, "clone": 56, "clone3": 435, "memfd_create": 319,
+                            "memfd_secret": 447, "shmget": 29, "msgget": 68}),
+    "aarch64": (0xC00000B7, {"unshare": 97, "clone": 220, "clone3": 435, "memfd_create": 279,
+                             "memfd_secret": 447, "shmget": 194, "msgget": 186}),
+}
+#: refused whatever their arguments, with this errno: ``clone3`` (its flags are out of the filter's
+#: reach; glibc falls back to ``clone``) and every way to hold memory that no process's resident
+#: set shows — a memfd's pages while nobody maps them, a SysV segment or message queue after it is
+#: detached — so that a notebook cannot hoard beyond ``total_memory_bytes`` (ENOSYS for the memfds:
+#: a library that uses one, asmjit say, takes that as an old kernel and falls back to a file)
+_REFUSED = {"clone3": "ENOSYS", "memfd_create": "ENOSYS", "memfd_secret": "ENOSYS", "shmget": "EPERM",
+            "msgget": "EPERM"}
 
 
-def _forbid_user_namespaces(libc) -> None:
-    """A seccomp filter: ``unshare``/``clone`` with ``CLONE_NEWUSER`` fail with EPERM, ``clone3``
-    with ENOSYS (glibc then uses ``clone``, whose flags the filter can read). A new user namespace
-    is the one way an unprivileged process gets capabilities back (over namespaces of its own); a
-    root-started bwrap cannot disable them itself without mapping the sandbox to the host's root."""
+def _seccomp_filter(libc) -> None:
+    """A seccomp filter for the sandbox (installed after ``no_new_privs``, inherited by everything the
+    notebook starts, never lifted): the calls of :data:`_REFUSED` fail; ``unshare``/``clone`` with
+    ``CLONE_NEWUSER`` fail with EPERM. A new user namespace is the one way an unprivileged process
+    gets capabilities back (over namespaces of its own); a root-started bwrap cannot disable them
+    itself without mapping the sandbox to the host's root."""
     import ctypes
     import errno
     import platform
@@ -205,7 +222,7 @@ def _forbid_user_namespaces(libc) -> None:
     arch = _SYSCALLS.get(platform.machine())
     if arch is None:
         return                                       # no filter for this machine: documented
-    audit, unshare, clone, clone3 = arch
+    audit, number = arch
 
     class Filter(ctypes.Structure):
         _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
@@ -219,8 +236,11 @@ def _forbid_user_namespaces(libc) -> None:
     code = [
         (LD, 0, 0, 4), (JEQ, 1, 0, audit), (RET, 0, 0, ALLOW),        # another ABI: not filtered
         (LD, 0, 0, 0),                                                # the syscall number
-        (JEQ, 0, 1, clone3), (RET, 0, 0, ERRNO | errno.ENOSYS),
-        (JEQ, 1, 0, unshare), (JEQ, 0, 3, clone),
+    ]
+    for call, err in _REFUSED.items():                                # refused, whatever the arguments
+        code += [(JEQ, 0, 1, number[call]), (RET, 0, 0, ERRNO | getattr(errno, err))]
+    code += [
+        (JEQ, 1, 0, number["unshare"]), (JEQ, 0, 3, number["clone"]),
         (LD, 0, 0, 16),                                               # args[0], low 32 bits: flags
         (JSET, 0, 1, CLONE_NEWUSER), (RET, 0, 0, ERRNO | errno.EPERM),
         (RET, 0, 0, ALLOW),
@@ -228,7 +248,7 @@ def _forbid_user_namespaces(libc) -> None:
     filters = (Filter * len(code))(*[Filter(*c) for c in code])
     prog = Program(len(code), filters)
     if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "could not install the seccomp filter against user namespaces")
+        raise OSError(ctypes.get_errno(), "could not install the sandbox's seccomp filter")
 
 
 def describe(mode: str, limits: Limits) -> str:
@@ -463,16 +483,17 @@ def run_job(job: dict, *, work: Path, limits: Limits, mode: str, wall: float,
 
 
 def tree_memory(pid: int) -> int:
-    """Bytes of anonymous memory resident in ``pid``'s descendants (what a notebook's processes hold
-    together; pages shared after a fork count once per process — an upper bound)."""
+    """Bytes of memory resident in ``pid``'s descendants that no file on disk backs (what a
+    notebook's processes hold together): anonymous pages, and shared memory they map (``RssShmem``:
+    ``mmap(-1, n)``'s ``MAP_SHARED`` pages, a tmpfs file mapped). Pages shared after a fork, or mapped
+    by several processes, count once per process — an upper bound."""
     total = 0
     for p in descendants(pid):
         try:
             with open(f"/proc/{p}/status", "rb") as f:
                 for line in f:
-                    if line.startswith(b"RssAnon:"):
+                    if line.startswith((b"RssAnon:", b"RssShmem:")):
                         total += int(line.split()[1]) << 10
-                        break
         except (OSError, ValueError, IndexError):
             continue
     return total

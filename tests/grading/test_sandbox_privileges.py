@@ -162,6 +162,14 @@ for _ in range(3):                    # three processes, each well under the per
 time.sleep(30)
 '''
 
+MAPPED = '''
+import mmap, time
+hoard = mmap.mmap(-1, 600 << 20)      # MAP_SHARED: shared memory (RssShmem), not anonymous (RssAnon)
+for i in range(0, len(hoard), 4096):
+    hoard[i] = 1
+time.sleep(30)
+'''
+
 FILL = '''
 with open("/tmp/fill", "wb") as f:
     for _ in range(64):
@@ -171,13 +179,15 @@ with open("/tmp/fill", "wb") as f:
 
 def test_a_notebook_is_held_to_its_totals_and_its_row_says_so(tiny_release, tmp_path):
     """Memory is bounded per notebook, not only per process (three 200 MB children against a 400 MB
-    total), and its /tmp is a tmpfs of disk_bytes (64 MB written into 16 MB); each row names the limit."""
+    total; one process's 600 MB of shared memory mapped), and its /tmp is a tmpfs of disk_bytes (64 MB
+    written into 16 MB); each row names the limit."""
     from gpucourse.grading.grade import Options
     from gpucourse.grading.sandbox import Limits
 
     release, solutions = tiny_release
     subs = tmp_path / "subs"
     tiny_submission(subs, "hoarder", "return x * x", extra=[HOARD], before=True)
+    tiny_submission(subs, "mapper", "return x * x", extra=[MAPPED], before=True)
     tiny_submission(subs, "filler", "return x * x", extra=[FILL], before=True)
     out = tmp_path / "g.json"
     limits = Limits(total_memory_bytes=400 << 20, disk_bytes=16 << 20)
@@ -185,8 +195,45 @@ def test_a_notebook_is_held_to_its_totals_and_its_row_says_so(tiny_release, tmp_
           quiet=True, options=Options(cell_timeout=120, notebook_timeout=200, limits=limits))
     data = json.loads(out.read_text())
     rows = {r["student"]: r for r in data["rows"]}
-    assert rows["hoarder"]["points"] == 0 and "memory limit" in rows["hoarder"]["error"], rows["hoarder"]
+    for student in ("hoarder", "mapper"):
+        assert rows[student]["points"] == 0 and "memory limit" in rows[student]["error"], rows[student]
     notebook = {n["student"]: n for n in data["notebooks"]}
     assert "memory limit" in notebook["hoarder"]["problem"]
     assert "disk limit" in notebook["filler"]["problem"] or any(
         "No space left" in e for e in notebook["filler"]["other_errors"]), notebook["filler"]
+
+
+UNSEEN = r'''
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+def why(rc):
+    return "ok" if rc >= 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+report = {}
+try:
+    fd = os.memfd_create("hoard")
+    os.write(fd, b"x" * (1 << 20))         # a memfd's pages while unmapped are in nobody's RSS
+    report["memfd_create"] = "ok"
+except OSError as e:
+    report["memfd_create"] = errno.errorcode.get(e.errno, str(e.errno))
+report["memfd_secret"] = why(libc.syscall(447, 0))          # 447 on x86_64 and aarch64
+report["shmget"] = why(libc.shmget(0, ctypes.c_size_t(1 << 20), 0o1600))   # SysV, detached: nobody's
+report["msgget"] = why(libc.msgget(0, 0o1600))
+raise RuntimeError("REPORT" + json.dumps(report, separators=(",", ":")))
+'''
+
+
+def test_memory_no_process_shows_cannot_be_held(tiny_release, tmp_path):
+    """The notebook's total counts what its processes hold resident; a memfd (its pages unmapped), a
+    SysV shared memory segment or message queue hold memory that no process shows. The sandbox's
+    seccomp filter refuses all four calls (a red team's cell held 3 GB in memfds under a 2 GB total)."""
+    release, solutions = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "mallory", "return x * x", extra=[UNSEEN], before=True)
+    out = tmp_path / "g.json"
+    grade([str(subs)], release=str(release), hidden_from=str(solutions), workers=1, json_path=str(out),
+          quiet=True)
+    data = json.loads(out.read_text())
+    report = _report(next(e for e in data["notebooks"][0]["other_errors"] if "REPORT" in e))
+    assert report == {"memfd_create": "ENOSYS", "memfd_secret": "ENOSYS", "shmget": "EPERM",
+                      "msgget": "EPERM"}, report
+    assert [r["points"] for r in data["rows"]] == [r["max"] for r in data["rows"]]    # the rest ran as ever
