@@ -13,7 +13,7 @@
        ◄── result JSON on a private pipe ────────────┘
 
 - Limits (``setrlimit`` in the shepherd before it starts the kernel, inherited by the kernel and everything it starts): CPU seconds,
-  address space, open file size, no core files; processes (``RLIMIT_NPROC``) when not root.
+  address space, open file size, open files, no core files; processes (``RLIMIT_NPROC``) when not root.
 - The shepherd is a child subreaper: every orphan — also one that called ``setsid`` or
   double-forked — is re-parented to it, and after the notebook it kills its descendants until none
   is left. Every process also carries a per-notebook token in its environment; the grader kills
@@ -81,6 +81,7 @@ class Limits:
     memory_bytes: int = 8 << 30      # address space per process (RLIMIT_AS)
     file_bytes: int = 256 << 20      # largest file a notebook may write (RLIMIT_FSIZE)
     processes: int = 512             # extra processes (RLIMIT_NPROC, not enforced for root)
+    open_files: int = 4096           # open files per process (RLIMIT_NOFILE; each pipe or socket holds memory)
     output_bytes: int = 1 << 20      # output kept per cell (truncated and marked beyond)
     total_memory_bytes: int = 6 << 30    # the whole process tree of one notebook (resident: anonymous, shared)
     disk_bytes: int = 512 << 20      # with bwrap: the work copy's tmpfs, and /tmp's, each
@@ -254,7 +255,8 @@ def _seccomp_filter(libc) -> None:
 def describe(mode: str, limits: Limits) -> str:
     """One line saying which isolation is in force."""
     common = (f"CPU {limits.cpu_seconds} s/process, memory {limits.memory_bytes >> 20} MB/process, "
-              f"files ≤ {limits.file_bytes >> 20} MB, output ≤ {limits.output_bytes >> 10} KB/cell, "
+              f"files ≤ {limits.file_bytes >> 20} MB, {limits.open_files} open files/process, "
+              f"output ≤ {limits.output_bytes >> 10} KB/cell, "
               "own session, process tree killed after each notebook")
     common += f", memory {limits.total_memory_bytes >> 20} MB/notebook in all"
     if mode == "bwrap":
@@ -273,6 +275,9 @@ def _rlimits(limits: dict, running: int) -> None:
                         (resource.RLIMIT_FSIZE, limits["file_bytes"]),
                         (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(what, (value, value))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    files = limits["open_files"] if hard == resource.RLIM_INFINITY else min(limits["open_files"], hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
     if os.getuid() != 0:            # root is exempt from RLIMIT_NPROC; bwrap's pid namespace remains
         resource.setrlimit(resource.RLIMIT_NPROC, (running + limits["processes"],) * 2)
 
