@@ -33,8 +33,9 @@ import: ``student, points, max, percent``.
 messages, the values the judge quotes back), so every such text is cut where it is stored or printed
 (:func:`cut`: 200 characters for a name, 2,000 for an error, "… [cut, N characters]" after it); a
 CSV cell never starts with ``= + - @``, a tab or a CR (a quote is put before it, as OWASP advises
-against formula injection); the terminal is shown control characters and escapes as ``\\n`` or
-``\\x1b`` (:func:`printable`); the feedback shows a student's text as code or plain text, never as
+against formula injection); the terminal, the CSV, the totals and the feedback are shown control and
+format characters as escapes, ``\\n``, ``\\x1b`` or ``\\u202e`` (:func:`printable`; the JSON keeps
+the text, with the controls below U+0020 escaped as JSON does); the feedback shows a student's text as code or plain text, never as
 a link or an image (:func:`feedback_html` renders none at all).
 """
 
@@ -103,6 +104,13 @@ def csv_cell(value):
     return "'" + value if isinstance(value, str) and value.startswith(_FORMULA_START) else value
 
 
+def _csv_text(value):
+    """A value for the CSV or totals file: a text with its control and format characters escaped
+    (:func:`printable`: no ESC or bidi override reaches a terminal or viewer that shows the file)
+    and no formula start (:func:`csv_cell`)."""
+    return csv_cell(printable(value)) if isinstance(value, str) else value
+
+
 @dataclass
 class Row:
     student: str
@@ -159,7 +167,7 @@ class NotAGradebook(ValueError):
 def stored_student(student: str, kind: str) -> str:
     """A student's name as a gradebook of ``kind`` (``"csv"``, ``"json"``, ``"totals"``) stores it."""
     name = cut(student, NAME_LIMIT)
-    return name if kind == "json" else csv_cell(name)
+    return name if kind == "json" else _csv_text(name)
 
 
 def _read_records(path: Path, kind: str) -> tuple[list[dict], dict]:
@@ -250,7 +258,7 @@ def write_csv(rows: list[Row], path: str | Path, *, update: bool = False) -> Upd
     """The gradebook as CSV. With ``update``, merged into the file already there, student by
     student (:func:`_merge`): returns what changed."""
     # the exercise column is the course's own ("NN.k", or "-" for a notebook not graded)
-    records = [{k: v if k == "exercise" else csv_cell(v) for k, v in stored(r).items()} for r in rows]
+    records = [{k: v if k == "exercise" else _csv_text(v) for k, v in stored(r).items()} for r in rows]
     done = None
     if update:
         records, done = _update(_read_records(Path(path), "csv")[0], records)
@@ -265,7 +273,7 @@ def write_totals(rows: list[Row], path: str | Path, *, update: bool = False) -> 
     records = []
     for student, t in _totals(rows).items():
         percent = _num(round(100 * t["points"] / t["max"], 2)) if t["max"] else ""
-        records.append({"student": csv_cell(cut(student, NAME_LIMIT)), "points": _num(t["points"]),
+        records.append({"student": stored_student(student, "totals"), "points": _num(t["points"]),
                         "max": _num(t["max"]), "percent": percent})
     done = None
     if update:
@@ -372,7 +380,7 @@ def _code(text) -> str:
         >>> print(_code("[x](https://evil.example)"), _code("a `b` c"), _code("`"))
         `[x](https://evil.example)` ``a `b` c`` `` ` ``
     """
-    text = " ".join(str(text).split())
+    text = printable(" ".join(str(text).split()))
     if not text:
         return ""
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
@@ -415,6 +423,7 @@ def feedback_markdown(student: str, rows: list[Row]) -> str:
             lines += [f"### {r.exercise} — {r.title}" if r.exercise != "-" else
                       f"### {_code(cut(r.title, NAME_LIMIT))}", ""]
             message = cut((r.message or r.error or "").strip(), MESSAGE_LIMIT)
+            message = "\n".join(printable(line) for line in message.split("\n"))    # its lines kept
             if message:
                 fence = _fence(message)
                 lines += [fence, message, fence, ""]

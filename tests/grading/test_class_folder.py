@@ -150,6 +150,7 @@ def test_a_newline_in_a_name_forges_no_line_and_no_escape_reaches_the_terminal(g
     forged = [line for line in out.splitlines() if line.lstrip().startswith("bob")]
     assert forged == [], forged
     assert "mallet\\x1b[2J\\nbob" in out                           # shown, escaped
+    assert "\x1b" not in graded["csv"] and "mallet\\x1b[2J\\nbob" in graded["csv"]     # in the CSV too
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if re.match(r"student +points +checks", line))
     table = lines[header + 1:lines.index("", header)]
@@ -306,3 +307,34 @@ def test_a_message_cannot_close_the_feedbacks_code_fence(tmp_path):
     path, = write_feedback(rows, tmp_path, fmt="html")
     html = path.read_text(encoding="utf-8")
     assert "evil.example/x" in html and "<a " not in html and "<img" not in html, html
+
+
+def test_no_control_or_format_character_of_a_student_reaches_the_csv_totals_or_feedback(tmp_path):
+    """ESC sequences, a CR and a right-to-left override (U+202E) in a student's folder name, file name,
+    exception and the judge's message are written escaped (``\\x1b``, ``\\u202e``) in the CSV, the
+    totals and the feedback (Markdown and HTML); the JSON keeps the text; ``--update`` still finds
+    the student."""
+    from gpucourse.grading.gradebook import Row, write_csv, write_feedback, write_json, write_totals
+
+    evil = "\x1b[2J\x1b[31m=red\u202e\r99.1 ✓"
+    student, notebook = "mal\x1b[8mlory\u202e", f"nb{evil}.ipynb"
+    rows = [Row(student, notebook, "99.1", "square", "✗", "✗", 0, 3, 0.1, f"ValueError: {evil}", "",
+                "graded", message=f"99.1 failed\nValueError: {evil}\nsecond line", note=f"{notebook}: chapter 99"),
+            Row(student, notebook, "-", notebook, "✗", "", 0, 0, 0.0, evil, "", "ignored")]
+    files = {"csv": tmp_path / "g.csv", "totals": tmp_path / "t.csv", "json": tmp_path / "g.json"}
+    for update in (False, True):                 # the second time merged into the files already there
+        write_csv(rows, files["csv"], update=update)
+        write_totals(rows, files["totals"], update=update)
+    write_json(rows, files["json"])
+    written = [*files.values(), *write_feedback(rows, tmp_path / "md"),
+               *write_feedback(rows, tmp_path / "html", fmt="html")]
+    for path in written:
+        if path != files["json"]:
+            text = path.read_text(encoding="utf-8")
+            assert not any(c in text for c in "\x1b\u202e\r"), (path.name, text)
+            assert "\\x1b[" in text and "\\u202e" in text, (path.name, text)        # shown, escaped
+    assert json.loads(files["json"].read_text(encoding="utf-8"))["rows"][0]["student"] == student
+    totals = list(csv.DictReader(io.StringIO(files["totals"].read_text(encoding="utf-8"))))
+    assert [t["student"] for t in totals] == ["mal\\x1b[8mlory\\u202e"], totals     # updated, not doubled
+    md = (tmp_path / "md").glob("*.md").__next__().read_text(encoding="utf-8")
+    assert "99.1 failed\nValueError: \\x1b[2J" in md and "\nsecond line\n" in md     # the message's lines kept
