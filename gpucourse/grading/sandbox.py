@@ -232,11 +232,14 @@ def _seccomp_filter(libc) -> None:
     class Program(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
 
-    LD, JEQ, JSET, RET = 0x20, 0x15, 0x45, 0x06          # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JSET|K, RET|K
+    LD, JEQ, JGE, JSET, RET = 0x20, 0x15, 0x35, 0x45, 0x06   # BPF_LD|W|ABS, BPF_JMP|JEQ|K, JGE, JSET, RET
     ALLOW, ERRNO = 0x7FFF0000, 0x00050000
     code = [
-        (LD, 0, 0, 4), (JEQ, 1, 0, audit), (RET, 0, 0, ALLOW),        # another ABI: not filtered
+        # another ABI (i386's int 0x80 on x86_64, arm32 on aarch64), or x86_64's x32 numbers (bit 30):
+        # refused, all of it — a 64-bit Python never uses them, and their numbers are not checked
+        (LD, 0, 0, 4), (JEQ, 1, 0, audit), (RET, 0, 0, ERRNO | errno.ENOSYS),
         (LD, 0, 0, 0),                                                # the syscall number
+        (JGE, 0, 1, 0x40000000), (RET, 0, 0, ERRNO | errno.ENOSYS),
     ]
     for call, err in _REFUSED.items():                                # refused, whatever the arguments
         code += [(JEQ, 0, 1, number[call]), (RET, 0, 0, ERRNO | getattr(errno, err))]
