@@ -378,6 +378,10 @@ def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None,
     # the work copy: a tmpfs of its own (what the notebook writes counts against disk_bytes, not the
     # host's disk); the shepherd writes the submission into it
     argv += _parent_dirs(work, mounted, made)
+    # /dev (its /dev/shm) and /run read-only: a grader started by an ordinary user owns them inside,
+    # and a tmpfs there has no size limit — memory no process shows (a root-started one has them
+    # root-owned; the nodes /dev/null, /dev/zero, … still read and write)
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/run"]
     argv += [*_tmpfs(str(work), size), "--chdir", str(work),
              "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
              "--new-session"]

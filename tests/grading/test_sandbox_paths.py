@@ -77,3 +77,37 @@ def test_a_course_under_tmp_is_reachable_by_the_sandboxs_user(tmp_path, monkeypa
         assert r.returncode == 0 and r.stdout.strip() == str(course / "gpucourse" / "grading" / "engine.py"), r.stderr
     finally:
         shutil.rmtree(Path("/tmp") / tmp_path.name, ignore_errors=True)
+
+
+def test_dev_shm_dev_and_run_are_read_only_also_for_a_grader_run_by_an_ordinary_user(tmp_path, monkeypatch):
+    """A bwrap started by an ordinary user makes /dev (with /dev/shm) and /run tmpfs that this user
+    owns inside, without a size limit: a notebook could keep memory there that no process shows,
+    past the notebook's memory total. They are read-only now, as under a root-started grader (where
+    they are root's). Runs the sandbox's own bwrap arguments as user 65534 with a shell."""
+    import json
+    import shutil
+    if shutil.which("bwrap") is None or shutil.which("setpriv") is None:
+        pytest.skip("needs bwrap and setpriv")
+    work = tmp_path / "work"
+    work.mkdir()
+    tmp_path.chmod(0o755)
+    monkeypatch.setattr(sandbox.os, "getuid", lambda: 65534)          # the ordinary user's arguments
+    argv = sandbox._bwrap_argv(work, [])
+    monkeypatch.undo()
+    keep, i = [], 0
+    while i < len(argv) - 1:                # without binds user 65534 may not read (a venv under /root)
+        if argv[i] == "--ro-bind" and subprocess.run(["setpriv", "--reuid=65534", "--regid=65534",
+                                                      "--clear-groups", "test", "-r", argv[i + 1]]).returncode:
+            i += 3
+            continue
+        keep.append(argv[i])
+        i += 1
+    script = ("for d in /dev/shm /run /dev /tmp; do (: > $d/probe) 2>/dev/null && echo $d; done; "
+              "echo x > /dev/null && echo devnull")
+    run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *keep, "--",
+                          "/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
+    if run.returncode != 0 and "namespace" in run.stderr:
+        pytest.skip(f"this machine gives an ordinary user no namespaces: {run.stderr.strip()}")
+    assert run.returncode == 0, run.stderr
+    writable = run.stdout.split()
+    assert writable == ["/tmp", "devnull"], json.dumps(writable)
