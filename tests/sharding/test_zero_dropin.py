@@ -598,3 +598,33 @@ def test_a_dropped_stage_2_optimizer_leaves_no_hook_behind():
         assert all(g.abs().max() > 0 for g in ours)
         for g, h in zip(theirs, ours):
             assert torch.equal(g, h)
+
+
+def _batch_norm_run(rank, world_size, way):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 3))
+    net, opt = (model, gc.ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=way, lr=0.01)) \
+        if way != "ddp" else (DDP(model), None)
+    opt = opt or torch.optim.AdamW(net.parameters(), lr=0.01)
+    for step in range(STEPS):
+        x, y = batch(step, rank, world_size)
+        F.mse_loss(net(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_batch_norm_buffers_are_each_ranks_own_where_ddp_broadcasts_rank_0s(stage):
+    """The README's "differs" row: an optimizer never sees the module, so each rank keeps the running
+    statistics of its own batches; DDP broadcasts rank 0's buffers before every forward. The
+    parameters are DDP's bit for bit on every rank, and rank 0's buffers are DDP's too (save or
+    evaluate there); rank 1's differ."""
+    ddp = gc.launch(_batch_norm_run, 2, args=("ddp",), timeout=120)
+    ours = gc.launch(_batch_norm_run, 2, args=(stage,), timeout=120)
+    buffers = {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    for rank in range(2):
+        for k, v in ddp[rank].items():
+            if k not in buffers or rank == 0:
+                assert torch.equal(ours[rank][k], v), (rank, k)
+    assert not torch.equal(ours[1]["1.running_mean"], ddp[1]["1.running_mean"])
