@@ -157,6 +157,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         Freezing or unfreezing a parameter after construction raises at the next ``step()``. A
         ZeroOptimizer built later on the same parameters takes them over: the earlier one's
         ``step()`` then raises, and its gradient hooks are gone (they also go with the optimizer).
+        Buffers are not the optimizer's: BatchNorm's running statistics stay each rank's own, where
+        DDP broadcasts rank 0's before every forward (rank 0's equal DDP's: save and evaluate there).
         fp16 loss scaling (``torch.amp.GradScaler``) works as with DDP: ``scaler.unscale_(opt)``
         (or ``scaler.step(opt)``) averages the gradients first, unscales this rank's slice and
         finds inf or nan in it, and the ranks agree (one all-reduce) — so every rank skips the
