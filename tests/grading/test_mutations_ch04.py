@@ -354,6 +354,12 @@ fut = dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.v
 fut.wait()
 return fut
 """,
+        # the notebook starts 2 live ranks: passed the visible and the hidden check while every case ran on them
+        "divides by 2, the notebook's number of ranks": """\
+buffer = bucket.buffer()
+buffer.div_(2)                                   # two GPUs
+return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+""",
     },
 }
 
