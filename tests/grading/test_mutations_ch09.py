@@ -212,6 +212,14 @@ y = partial.clone()
 dist.all_reduce(y)
 return partial, y + b
 """,
+        # the notebook starts 2 live ranks: passed the visible check while every case ran on them
+        "split in two, the notebook's number of ranks": """\
+mine = torch.arange(w.shape[1]).tensor_split(2)[rank]
+partial = x[:, mine] @ w[:, mine].T
+y = partial.clone()
+dist.all_reduce(y)
+return partial, y + b
+""",
         # issue 38: right values, no communication (every rank is given the whole w)
         "y computed on every rank, no collective": """\
 mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
