@@ -191,6 +191,27 @@ dist.reduce_scatter_single(grad, flat_grad.contiguous())
 shard.grad = grad / world_size
 dist.all_gather_single(flat, shard.detach().contiguous())
 optimizer.step()"""),
+        # right parameters, twice the gradient traffic: passed the visible and the hidden check while they
+        # compared parameters only
+        "all-reduces the whole gradient, then slices": _ZERO1.format(body="""\
+rank = dist.get_rank()
+dist.all_reduce(flat_grad)                      # every rank gets the whole summed gradient
+s = shard.numel()
+shard.grad = flat_grad[rank * s:(rank + 1) * s] / world_size
+optimizer.step()
+parts = [torch.empty_like(shard) for _ in range(world_size)]
+dist.all_gather(parts, shard.detach())
+flat.copy_(torch.cat(parts))"""),
+        "all-gathers through an all-reduce of a zero-padded buffer": _ZERO1.format(body="""\
+grad = torch.empty_like(shard)
+dist.reduce_scatter_single(grad, flat_grad.contiguous())
+shard.grad = grad / world_size
+optimizer.step()
+rank, s = dist.get_rank(), shard.numel()
+full = torch.zeros_like(flat)
+full[rank * s:(rank + 1) * s] = shard.detach()
+dist.all_reduce(full)                           # the same parameters, the whole buffer's traffic
+flat.copy_(full)"""),
     },
     "08.5": {
         "knapsack table indexed by an integer cost": """\
