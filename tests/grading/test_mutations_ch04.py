@@ -237,6 +237,12 @@ if self.require_sync:                           # the state now, not at forward 
 if self.sync_this_backward:
     dist.all_reduce(param.grad)
 """, None],
+        # a data-dependent skip: rank 0's all-zero gradient is not all-reduced, the others' are (passed before)
+        "skips an all-zero gradient": [None, None, """\
+if self.sync_this_backward and param.grad.abs().sum() > 0:   # skip empty gradients
+    dist.all_reduce(param.grad)
+    param.grad /= self.world_size
+""", None],
         "no_sync never switched off": [None, None, None, """\
 yield
 """],
