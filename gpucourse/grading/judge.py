@@ -22,8 +22,9 @@ request), so that a ``compare`` only reads values and compares: it is quick, and
 takes long over one is stalled by those values. Both are cached per slot and seed, so a class
 graded with one seed computes each reference once. Values from a kernel are read with
 :mod:`.wire` — data only — and must have the structure of the course's answer, case by case
-(:mod:`.structure`), before a check's compare sees them. Anything a cell prints goes to stderr;
-stdout carries only the replies.
+(:mod:`.structure`), or fail whatever the check's compare says: there the compare runs only to word
+the failure (its own message where it raises one, else the structure's). Anything a cell prints
+goes to stderr; stdout carries only the replies.
 
 **Host mode** (``--host FD [--warm]``, :func:`host`): a grading run starts one host that imports torch,
 IPython and the course once and forks a judge per chapter on request (:class:`.harness.JudgeHost`);
@@ -305,8 +306,9 @@ class Judge:
                 problem = structure.mismatch(got, want, any_length=any_length)
             except Exception as e:  # noqa: BLE001 - odd values must become a verdict, not a crash
                 problem = f"the result could not be checked ({type(e).__name__}: {e})"
-            if problem:
-                return self._verdict(False, f"{where} — {self._describe(spec, case)}: {problem}", spec, seed)
+            if problem:     # it fails: the check's own message, where it has one, says why better
+                text = self._compare_message(spec, case, got, want) if not _holds_raised(got) else None
+                return self._verdict(False, f"{where} — {self._describe(spec, case)}: {text or problem}", spec, seed)
             try:
                 if spec.compare is not None:
                     spec.compare(case, got, want)
@@ -319,6 +321,21 @@ class Judge:
                 return self._verdict(False, f"{where} — {self._describe(spec, case)}: the result could not "
                                             f"be checked ({type(e).__name__}: {e})", spec, seed)
         return {"passed": True, "message": "", "cases": len(cases)}
+
+    @staticmethod
+    def _compare_message(spec: harness.Spec, case, got, want) -> str | None:
+        """For a value without the course's structure, which fails whatever the compare says: the
+        compare's own message (``rank 0 at step 0: expected [(0, 0, 'diagonal')], got []``) where it
+        raises one, else None (the structure's message: ``expected a list of 1 item, got 0 items``)."""
+        if spec.compare is None:
+            return None
+        try:
+            spec.compare(case, got, want)
+        except AssertionError as e:
+            return str(e).strip() or None
+        except Exception:  # noqa: BLE001 - a compare that cannot read this value: the structure says why
+            return None
+        return None
 
     @staticmethod
     def _describe(spec: harness.Spec, case) -> str:
@@ -338,6 +355,20 @@ class Judge:
         else:
             message += f"\n(inputs drawn from seed {seed})"
         return {"passed": passed, "message": message}
+
+
+def _holds_raised(value) -> bool:
+    """Whether an error (a :class:`~.wire.Raised`) stands anywhere in a kernel's value: then the
+    structure's message names it (``rank 1 raised NameError: …``), not a compare that stumbled on it."""
+    if isinstance(value, wire.Raised):
+        return True
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_raised(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_raised(v) for v in value.values())
+    if isinstance(value, wire.Record):
+        return _holds_raised(value.fields)
+    return False
 
 
 def _defined_names(shell, source: str) -> list[str]:

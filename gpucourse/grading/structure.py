@@ -1,8 +1,11 @@
 """Structure before values: does a kernel's value have the shape of the course's answer?
 
 The judge walks every case's value against the course's own value for that case *before* any
-compare function runs (``Judge.compare``): a compare that loops over ``zip(got, want)`` cannot
-then pass an empty or truncated result. What counts as the same structure:
+compare function decides (``Judge.compare``): a compare that loops over ``zip(got, want)`` cannot
+then pass an empty or truncated result. A value of another structure fails; the check's compare
+then runs only to word it, where it has a better message than this module's (``rank 0 at step 0:
+expected [(0, 0, 'diagonal')], got []`` rather than ``expected a list of 1 item, got 0 items``).
+What counts as the same structure:
 
 ==========================  ====================================================================
 the course's value (want)   a kernel's value (got) must be

@@ -129,6 +129,8 @@ return m_new, l_new, out * l_new.unsqueeze(-1)"""),
         elif a == b:
             tiles.append((a, b, "diagonal"))"""),
         "the ring turned the wrong way (ported)": _tiles(source="(rank + step) % n"),
+        # failed before, but with the structure's message ("expected a list of 1 item, got 0 items"), not the check's
+        "one hop too many": _tiles(source="(rank - step - 1) % n"),
         "the diagonal counted as full": _tiles(rule="""\
         if not causal or a >= b:
             tiles.append((a, b, "full"))"""),

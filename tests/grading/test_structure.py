@@ -46,6 +46,23 @@ def compare(case, got, want):                  # trusts the lengths: it only zip
 
 gc.check_exercise("99.1", squares_run, cases, compare=compare)"""
 
+CUBES_CHECK = """# Check 99.2 — cubes, with a compare that names a missing value its own way
+def cases(rng):
+    return [([rng.randint(-9, 9) for _ in range(n)],) for n in (1, 3)]
+
+
+def cubes_run(xs):
+    return [cube(x) for x in xs]
+
+
+def compare(case, got, want):
+    gc.expect(len(got) == len(want), f"one cube per number: expected {len(want)}, got {len(got)}")
+    for x, g, w in zip(case[0], got, want):
+        gc.expect(g == w, f"cube({x}): expected {w}, got {g}")
+
+
+gc.check_exercise("99.2", cubes_run, cases, compare=compare)"""
+
 
 @pytest.fixture(scope="module")
 def zip_judge(tmp_path_factory):
@@ -54,11 +71,15 @@ def zip_judge(tmp_path_factory):
     nb = new_notebook(cells=[new_markdown_cell("# 99 · tiny"), new_code_cell("import gpucourse as gc"),
                              new_markdown_cell("## Exercise 99.1 — square"),
                              new_code_cell(f"def square(x):\n    {BEGIN}\n    return x * x\n    {END}"),
-                             new_code_cell(ZIP_CHECK, metadata={"tags": ["check"]})])
+                             new_code_cell(ZIP_CHECK, metadata={"tags": ["check"]}),
+                             new_markdown_cell("## Exercise 99.2 — cube"),
+                             new_code_cell(f"def cube(x):\n    {BEGIN}\n    return x ** 3\n    {END}"),
+                             new_code_cell(CUBES_CHECK, metadata={"tags": ["check"]})])
     nbformat.write(nb, sol / "99_tiny_exercises.ipynb")
     judge = JudgeProcess("99", sol, local=True)
     assert not judge.hello["errors"], judge.hello["errors"]
     judge.request({"op": "cases", "slot": "99.1", "seed": SEED})
+    judge.request({"op": "cases", "slot": "99.2", "seed": SEED})
     wants = wire.loads(judge.request({"op": "reference", "slot": "99.1", "seed": SEED})["values"])
     yield judge, wants
     judge.close()
@@ -115,6 +136,24 @@ def test_an_error_reads_as_one_line_naming_the_rank(zip_judge):
     inner = (wants[0][0], {"n": rank_error, "each": wants[0][1]["each"]})
     v = verdict(judge, [inner] + wants[1:])
     assert "the result[1]['n']: expected an int, but rank 1 raised NameError" in v["message"], v["message"]
+
+
+def test_a_structure_that_differs_fails_in_the_compares_words_where_it_has_some(zip_judge):
+    """A truncated result never passes; where the check's compare says why in its own words (the
+    number it expected, a tile it missed), those words are the message, not the structure's."""
+    judge, _ = zip_judge
+    wants = wire.loads(judge.request({"op": "reference", "slot": "99.2", "seed": SEED})["values"])
+    assert verdict(judge, wants, "99.2")["passed"]
+    v = verdict(judge, [wants[0], wants[1][:2]], "99.2")
+    assert not v["passed"] and "case 2 of 2" in v["message"], v["message"]
+    assert "one cube per number: expected 3, got 2" in v["message"], v["message"]
+    assert "expected a list of 3 items" not in v["message"], v["message"]
+    # an error inside the value: the structure names it, not a compare that tripped over it
+    rank_error = wire.Raised("WorkerError", ("WorkerError", "RuntimeError", "Exception"),
+                             "rank 1 raised NameError: name 'x' is not defined", "NameError")
+    v = verdict(judge, [wants[0], [wants[1][0], rank_error, wants[1][2]]], "99.2")
+    assert not v["passed"] and "the result[1]: expected an int, but rank 1 raised NameError" in v["message"], \
+        v["message"]
 
 
 def test_not_implemented_and_missing_cases_as_before(zip_judge):
