@@ -225,10 +225,6 @@ def _wait_for_ranks(ranks: list[Rank], timeout: float):
                     continue
                 reported[i] = True
                 if msg[0] != "ok":
-                    peer_gone = any(w in (msg[2] or "") for w in _PEER_GONE)
-                    dead = _died_silently(ranks, reported, grace=0.5 if peer_gone else 0.0)
-                    if dead is not None:   # a peer's death is the cause, its "connection closed" the effect
-                        return results, ("error", dead, None, "", ranks[dead].process.exitcode)
                     return results, _lowest_failure(ranks, reported, i, msg)
                 results[i] = pickle.loads(msg[1])
             elif not reported[by_sentinel[obj]] and not ranks[by_sentinel[obj]].messages.poll(0):
@@ -244,14 +240,20 @@ FAILURE_SETTLE = 2.0
 
 def _lowest_failure(ranks: list[Rank], reported: list[bool], first: int, msg: tuple,
                     settle: float = FAILURE_SETTLE) -> tuple:
-    """The failure to report once rank ``first`` raised (``msg``): the lowest rank that raised an
-    error of its own, among the reports that arrive within ``settle`` seconds.
+    """The failure to report once rank ``first`` raised (``msg``), among the reports and deaths
+    that arrive within ``settle`` seconds: a rank that died (one that aborted first, then the
+    lowest), else the lowest rank that raised an error of its own, else the lowest that raised.
 
     Ranks often fail together (each raises the same error on its own shard), and which of them
     reports first is a race: naming that one made the same run say "rank 0 raised" once and "rank 1
     raised" the next. An error that only says a peer's connection went away is the effect of
-    another rank's failure, so a rank that raised one is named only when no other rank raised."""
+    another rank's failure, so a rank that raised one is named only when no other rank raised or
+    died. A rank that gloo aborts (``terminate called ...``: a send and its recv disagree on the
+    size) closes its connections at once but dies later — it writes a stack dump first, slowly on
+    a busy machine — so its peer's "Connection reset by peer" often arrives first: the aborting
+    rank is named all the same (its stderr says that it is aborting)."""
     failures = {first: (msg[1], msg[2])}
+    died: dict[int, int | None] = {}
     pending = {r.messages: j for j, r in enumerate(ranks) if not reported[j]}
     deadline = time.monotonic() + settle
     while pending and time.monotonic() < deadline:
@@ -259,7 +261,9 @@ def _lowest_failure(ranks: list[Rank], reported: list[bool], first: int, msg: tu
             j = pending.pop(conn)
             try:
                 reply = conn.recv()
-            except EOFError:                     # it died: its peers' reports say so
+            except EOFError:                     # it died: the pipe closes as the process exits
+                ranks[j].process.join(1)
+                died[j] = ranks[j].process.exitcode
                 continue
             if reply[0] in ("joined", "returned"):
                 pending[conn] = j
@@ -267,6 +271,14 @@ def _lowest_failure(ranks: list[Rank], reported: list[bool], first: int, msg: tu
             reported[j] = True
             if reply[0] != "ok":
                 failures[j] = (reply[1], reply[2])
+    for j in pending.values():                   # aborting but not dead yet: wait for it, once more
+        if _aborting(ranks[j]):
+            ranks[j].process.join(settle)
+            died[j] = ranks[j].process.exitcode
+    dead = [j for j, code in died.items() if code != 0]
+    if dead:                                     # a death is the cause, its peers' errors the effect
+        rank = min(dead, key=lambda j: (not _aborting(ranks[j]), j))
+        return ("error", rank, None, "", died[rank])
     own = [j for j, (_, tb) in failures.items() if not any(w in (tb or "") for w in _PEER_GONE)]
     rank = min(own or failures)
     return ("error", rank, *failures[rank], None)
@@ -276,24 +288,13 @@ def _lowest_failure(ranks: list[Rank], reported: list[bool], first: int, msg: tu
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Read error", "Broken pipe",
               "Socket Timeout", "recvValue failed")
 
+#: what a rank's stderr shows when C++ aborts it (an uncaught C++ exception, gloo's checks)
+_ABORTING = ("terminate called", "Fatal Python error: Aborted")
 
-def _died_silently(ranks: list[Rank], reported: list[bool], grace: float) -> int | None:
-    """The first rank (in rank order) that exited without a final message, waiting up to ``grace``
-    seconds for one: when a rank is killed, its peers' collectives fail at once, and their report
-    can arrive before its death is seen."""
-    deadline = time.monotonic() + grace
-    while True:
-        for i, r in enumerate(ranks):
-            if (not reported[i] and r.process.exitcode is not None and r.process.exitcode != 0
-                    and not r.messages.poll(0)):
-                return i
-        if time.monotonic() >= deadline:
-            return None
-        pending = [r.process.sentinel for i, r in enumerate(ranks) if not reported[i]]
-        if not pending:
-            return None
-        _wait_for(pending, timeout=max(0.0, deadline - time.monotonic()))
-        time.sleep(0.01)
+
+def _aborting(rank: Rank) -> bool:
+    """Whether the rank's stderr says that it is aborting (or aborted)."""
+    return any(w in read(rank.files.err) for w in _ABORTING)
 
 
 # --- checks and reports ----------------------------------------------------------------------------
