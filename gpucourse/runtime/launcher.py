@@ -40,7 +40,7 @@ from .ports import _ephemeral_range, free_port, host_store  # noqa: F401 - free_
 from .process_tree import launcher_subreaper
 from .processes import Rank, ask_for_stacks, choose_start_method, send_port, start_ranks, stop
 from .processes import wait_ready as _wait_for
-from .rank_output import blocked_report, print_grouped, read, tidy_stack
+from .rank_output import abort_reason, blocked_report, print_grouped, read, tidy_stack
 from .validate import check_choice, check_int, check_positive
 
 __all__ = ["launch", "WorkerError", "free_port"]
@@ -360,7 +360,9 @@ def _exception_line(tb: str) -> str:
 def _worker_error(failure, errs: list[str]) -> WorkerError:
     _, rank, exc_type, tb, exitcode = failure
     if exc_type is None:
-        first = f"rank {rank} died with {_signal_name(exitcode)} before reporting a result"
+        reason = abort_reason(errs[rank])
+        first = (f"rank {rank} died ({_signal_name(exitcode).removeprefix('signal ')}) {reason}" if reason
+                 else f"rank {rank} died with {_signal_name(exitcode)} before reporting a result")
         detail = tidy_stack(errs[rank]) or "(it printed nothing to stderr)"
         return WorkerError(rank, f"{first}\n--- stderr of rank {rank} ---\n{detail}", exitcode=exitcode)
     last = _exception_line(tb) or exc_type

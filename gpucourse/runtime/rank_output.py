@@ -10,7 +10,8 @@ import os
 import re
 import sys
 
-__all__ = ["RankFiles", "blocked_report", "blocked_summary", "position", "print_grouped", "tidy_stack"]
+__all__ = ["RankFiles", "abort_reason", "blocked_report", "blocked_summary", "position", "print_grouped",
+           "tidy_stack"]
 
 
 class RankFiles:
@@ -203,3 +204,56 @@ def blocked_report(stacks: dict[int, str], chosen: list[int]) -> tuple[str, str]
             why = (f"the ranks wait in different collectives ({', '.join(names)}): every rank must "
                    "call the same collectives in the same order")
     return ", ".join(parts), why
+
+
+# --- why C++ aborted a rank: one clause a learner reads ------------------------------------------------
+
+_WHAT = re.compile(r"^\s*what\(\):\s*(?P<what>.+)$", re.MULTILINE)
+_THROWN = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+_ENFORCE = re.compile(r"^\[enforce fail at [^\]]*\]\s*")
+_SIZES = re.compile(r"(?P<got>\d+) vs (?P<want>\d+)")
+_COLLECTIVES = {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather",
+                "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+                "barrier", "all_gather_object", "broadcast_object_list"}
+
+
+def abort_reason(err: str) -> str:
+    """Why C++ aborted a rank (``terminate called ... what(): ...`` on its stderr), in the
+    learner's terms, or ``""`` when its stderr says nothing of the kind.
+
+    gloo aborts the receiving rank when a message is larger than the buffer it lands in — a send
+    and its recv, or the ranks' tensors in one collective, disagree on the size::
+
+        >>> err = ("terminate called after throwing an instance of 'gloo::EnforceNotMet'\\n"
+        ...        "  what():  [enforce fail at gloo/transport/tcp/pair.cc:464] op.preamble.length "
+        ...        "<= op.nbytes. 96 vs 48. Received data size doesn't match expected size. Is there"
+        ...        " a distributed collective mismatch in your code?\\n")
+        >>> abort_reason(err)
+        'in gloo: it received 96 bytes into a buffer of 48 — a message and the buffer it lands in disagree on size'
+    """
+    m = _WHAT.search(err)
+    if m is None:
+        return ""
+    what = _ENFORCE.sub("", m["what"].strip())
+    thrown = _THROWN.search(err)
+    library = "gloo" if "gloo" in m["what"] or (thrown and "gloo" in thrown["type"]) else ""
+    op, where = position(err)
+    at = f"; it was in {op or 'Python code'}" + (f" ({where})" if where else "") if op or where else ""
+    sizes = _SIZES.search(what)
+    if "Received data size doesn't match" in what and sizes:
+        got, want = sizes["got"], sizes["want"]
+        if op in _POINT_TO_POINT or op == "wait":
+            why = (f"it received {got} bytes into a recv buffer of {want} — a send and its recv "
+                   "disagree on the tensor's size (a chunk index or a buffer's shape)")
+        elif op in _COLLECTIVES:
+            why = (f"its {op} received {got} bytes into a buffer of {want} — the ranks passed "
+                   f"{op} tensors of different sizes (every rank's tensor must have the same shape)")
+        else:
+            why = (f"it received {got} bytes into a buffer of {want} — a message and the buffer "
+                   "it lands in disagree on size")
+        return f"in {library or 'C++'}: {why}{at}"
+    what = re.sub(r"\s*Is there a distributed collective mismatch in your code\?$", "", what)
+    if len(what) > 200:
+        what = what[:197] + "..."
+    kind = f"{thrown['type']}: " if thrown and not library else ""
+    return f"in {library or 'C++'}: {kind}{what}{at}"

@@ -188,6 +188,37 @@ def test_os_exit_without_result_is_reported():
         gc.launch(fn, 2, init_process_group=False)
 
 
+def _recv_into_a_short_buffer(rank, world_size):
+    if rank == 0:
+        dist.send(torch.zeros(12), 1)   # 48 bytes
+        dist.recv(torch.zeros(3), 1)    # the gradient that never comes: "Connection reset by peer"
+    else:
+        dist.recv(torch.zeros(6), 0)    # into 24: gloo aborts this rank (SIGABRT)
+
+
+def test_a_send_and_recv_of_different_sizes_name_the_aborted_rank_and_why(monkeypatch):
+    # gloo kills the receiver with SIGABRT ("terminate called ... 48 vs 24. Received data size
+    # doesn't match expected size") and its peer's recv raises "Connection reset by peer". On a busy
+    # machine the launcher wakes late and finds both: it named the peer (the victim) in 2 of 3 runs,
+    # and the receiver only as "died with signal SIGABRT". A launcher that waits a little before
+    # each look is that busy machine, every time.
+    real = launch_mod._wait_for
+
+    def late(objects, timeout=None):
+        time.sleep(0.3)
+        return real(objects, timeout)
+
+    monkeypatch.setattr(launch_mod, "_wait_for", late)
+    with pytest.raises(gc.WorkerError) as info:
+        gc.launch(_recv_into_a_short_buffer, 2, timeout=30)
+    first = str(info.value).splitlines()[0]
+    assert info.value.rank == 1 and info.value.exitcode == -signal.SIGABRT, first
+    assert first.startswith("rank 1 died (SIGABRT) in gloo: it received 48 bytes into a recv buffer of 24"), first
+    assert "a send and its recv disagree on the tensor's size" in first
+    assert "dist.recv(torch.zeros(6), 0)" in first                    # the learner's line
+    assert "Received data size doesn't match expected size" in str(info.value)   # the raw detail stays
+
+
 def test_unpicklable_return_value_is_reported():
     with pytest.raises(gc.WorkerError, match="could not be sent back"):
         gc.launch(lambda r, w: (lambda: None), 1)
