@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..runtime.rank_output import check_code
 from . import wire
 from .wire import Opaque, Raised, Record
 
@@ -376,7 +377,7 @@ def run_cases(run: Callable, cases: list, seeds: list[int]) -> list:
         _seed_everything(seed)
         blocked = False
         try:
-            with checking():
+            with checking(), check_code(run):
                 value = _call(run, case)
         except Exception as e:  # noqa: BLE001 - every failure of the code under test is a value
             value = wire.raised(e)

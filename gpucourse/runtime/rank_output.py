@@ -6,12 +6,13 @@ launch's temporary folder (see :mod:`~gpucourse.runtime.rank_process`); the pare
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 
-__all__ = ["RankFiles", "abort_reason", "blocked_report", "blocked_summary", "position", "print_grouped",
-           "tidy_stack"]
+__all__ = ["RankFiles", "abort_reason", "blocked_report", "blocked_summary", "check_code", "position",
+           "print_grouped", "tidy_stack"]
 
 
 class RankFiles:
@@ -118,6 +119,30 @@ def _is_users(path: str) -> bool:
     return not any(real.startswith(p + os.sep) for p in prefixes)
 
 
+_check_files: set[str] = set()   # the running check's own code (its cell), besides "<ranks check N>"
+
+
+@contextlib.contextmanager
+def check_code(*functions):
+    """While a check runs its cases: the files these functions were defined in (the check's cell)
+    hold the check's code, not the learner's, so a rank blocked in the learner's ``dist.send``
+    behind the check's recording wrapper is shown at the learner's line, not at the wrapper's
+    ``return real(tensor, ...)``. The forked ranks inherit it, and the parent names the positions."""
+    files = {code.co_filename for f in functions
+             if (code := getattr(getattr(f, "__func__", f), "__code__", None)) is not None}
+    added = files - _check_files
+    _check_files.update(added)
+    try:
+        yield
+    finally:
+        _check_files.difference_update(added)
+
+
+def _is_checks(path: str) -> bool:
+    """A frame of the running check's own code: what it sends live ranks, or its cell's functions."""
+    return path.startswith("<ranks check") or path in _check_files
+
+
 def _where(path: str, line: int) -> str:
     import linecache
 
@@ -135,7 +160,9 @@ def position(stack: str) -> tuple[str | None, str]:
     """``(operation, where)`` of one blocked rank: the ``torch.distributed`` call it waits in (None
     when none shows) and the learner's line that made it (``line 3 of <ranks cell 2>: `dist.send(t, 1)```)."""
     frames = _frames(stack)
-    user = next((i for i, f in enumerate(frames) if _is_users(f[0])), None)
+    users = [i for i, f in enumerate(frames) if _is_users(f[0])]
+    # past the check's own frames (a wrapper recording the learner's calls) to the learner's line
+    user = next((i for i in users if not _is_checks(frames[i][0])), users[0] if users else None)
     inside = frames if user is None else frames[:user]
     op = None
     for path, _, func in reversed(inside):         # the call the learner's line made, past wrappers

@@ -84,6 +84,73 @@ def launched(t):
 
 gc.check_exercise("99.2", launched, cases)"""
 
+PASS_ALONG = EXCHANGE.replace("def exchange(t):", "def pass_along(t):")
+
+RECORDED_CHECK = f"""# Check 99.3 — pass_along on two launched ranks, its messages recorded
+def cases(rng):
+    for n in (1000, 2000, 3000):
+        yield (rng.randn(n),)
+
+
+def recorded(t):
+    def worker(rank, world_size):
+        saved, sizes = {{name: getattr(dist, name) for name in ("send", "recv")}}, []
+
+        def noted(real):
+            def call(tensor, *args, **kwargs):
+                sizes.append(tensor.numel())
+                return real(tensor, *args, **kwargs)
+            return call
+
+        try:
+            for name, real in saved.items():
+                setattr(dist, name, noted(real))
+            return pass_along(t.clone() + rank), sizes
+        finally:
+            for name, real in saved.items():
+                setattr(dist, name, real)
+    return gc.launch(worker, 2, timeout={TIMEOUT})
+
+
+gc.check_exercise("99.3", recorded, cases)"""
+
+SWAP_COUNTED = SWAP.replace("def swap(t):", "def swap_counted(t):")
+
+COUNTED_CHECK = f'''# Check 99.4 — swap_counted on the live ranks, its calls counted
+def cases(rng):
+    for n in (1000, 2000, 3000):
+        yield (rng.randn(n),)
+
+
+ON_EACH_RANK = """
+originals, calls = {{name: getattr(dist, name) for name in ("send", "recv")}}, []
+
+
+def counted(name):
+    def call(*args, **kwargs):
+        calls.append(name)
+        return originals[name](*args, **kwargs)
+    return call
+
+
+for name in originals:
+    setattr(dist, name, counted(name))
+try:
+    check_result = swap_counted(check_t.clone() + rank)
+finally:
+    for name, f in originals.items():
+        setattr(dist, name, f)
+"""
+
+
+def on_live_ranks(t):
+    gc.ranks.push({{"check_t": t}})
+    gc.ranks.run(ON_EACH_RANK, timeout={TIMEOUT})
+    return gc.ranks.gather("check_result"), gc.ranks.gather("calls")
+
+
+gc.check_exercise("99.4", on_live_ranks, cases)'''
+
 BOTH_SEND_FIRST = """other = torch.empty_like(t)
 peer = 1 - dist.get_rank()
 dist.send(t, peer)
@@ -105,6 +172,12 @@ def tiny_solutions(tmp_path_factory):
         new_markdown_cell("## Exercise 99.2 — exchange on launched ranks"),
         new_code_cell(EXCHANGE),
         new_code_cell(EXCHANGE_CHECK, metadata={"tags": ["check"]}),
+        new_markdown_cell("## Exercise 99.3 — pass_along, its messages recorded by the check"),
+        new_code_cell(PASS_ALONG),
+        new_code_cell(RECORDED_CHECK, metadata={"tags": ["check"]}),
+        new_markdown_cell("## Exercise 99.4 — swap_counted, its calls counted by the check"),
+        new_code_cell(SWAP_COUNTED),
+        new_code_cell(COUNTED_CHECK, metadata={"tags": ["check"]}),
     ])
     nbformat.write(nb, sol / "99_ranks_exercises.ipynb")
     yield sol
@@ -153,7 +226,7 @@ def _first_line(verdict: dict) -> str:
 
 
 def test_the_tiny_chapter_passes_its_own_answers(chapter):
-    for exercise in ("99.1", "99.2"):
+    for exercise in ("99.1", "99.2", "99.3", "99.4"):
         _, verdict = judged("99", exercise, None)
         assert verdict["passed"], verdict["message"]
 
@@ -173,6 +246,9 @@ def test_after_a_restart_the_check_asks_for_the_ranks_cell_again(chapter):
 @pytest.mark.parametrize("exercise, where", [
     ("99.1", "swap, line 4 of <ranks cell"),   # the live ranks: the %%ranks cell's line
     ("99.2", "exchange, line 4"),          # gc.launch: the notebook cell's line
+    # the check wraps dist.send to record the messages: the learner's line, not the wrapper's
+    ("99.3", "pass_along, line 4"),        # gc.launch, the wrapper in the check's cell
+    ("99.4", "swap_counted, line 4 of <ranks cell"),   # live ranks, the wrapper in <ranks check N>
 ])
 def test_a_deadlock_ends_the_check_within_one_case_naming_where_each_rank_waits(chapter, exercise, where):
     took, verdict = judged("99", exercise, BOTH_SEND_FIRST)
