@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..runtime.rank_output import check_code
+from ..runtime import check_code
 from . import wire
 from .wire import Opaque, Raised, Record
 
