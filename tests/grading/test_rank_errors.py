@@ -44,11 +44,13 @@ def swap(t):
     return other
     {END}"""
 
-SWAP_CHECK = f"""# Check 99.1 — swap on the live ranks
-def cases(rng):
+CASES = """def cases(rng):
     for n in (1000, 2000, 3000):
         yield (rng.randn(n),)
+"""   # every check's cases: three tensors
 
+SWAP_CHECK = f"""# Check 99.1 — swap on the live ranks
+{CASES}
 
 def on_live_ranks(t):
     gc.ranks.push({{"check_t": t}})
@@ -71,10 +73,7 @@ EXCHANGE = f"""def exchange(t):
     {END}"""
 
 EXCHANGE_CHECK = f"""# Check 99.2 — exchange on two launched ranks
-def cases(rng):
-    for n in (1000, 2000, 3000):
-        yield (rng.randn(n),)
-
+{CASES}
 
 def launched(t):
     def worker(rank, world_size):
@@ -87,10 +86,7 @@ gc.check_exercise("99.2", launched, cases)"""
 PASS_ALONG = EXCHANGE.replace("def exchange(t):", "def pass_along(t):")
 
 RECORDED_CHECK = f"""# Check 99.3 — pass_along on two launched ranks, its messages recorded
-def cases(rng):
-    for n in (1000, 2000, 3000):
-        yield (rng.randn(n),)
-
+{CASES}
 
 def recorded(t):
     def worker(rank, world_size):
@@ -117,10 +113,7 @@ gc.check_exercise("99.3", recorded, cases)"""
 SWAP_COUNTED = SWAP.replace("def swap(t):", "def swap_counted(t):")
 
 COUNTED_CHECK = f'''# Check 99.4 — swap_counted on the live ranks, its calls counted
-def cases(rng):
-    for n in (1000, 2000, 3000):
-        yield (rng.randn(n),)
-
+{CASES}
 
 ON_EACH_RANK = """
 originals, calls = {{name: getattr(dist, name) for name in ("send", "recv")}}, []
