@@ -111,8 +111,10 @@ def launch(fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), *, bac
         ``[fn(0, ...), fn(1, ...), ...]`` — return values must be picklable.
 
     Raises:
-        WorkerError: a rank raised (or died); ``.rank`` names it — where several raised, the lowest
-            that raised an error of its own — and the message holds its traceback.
+        WorkerError: a rank raised (or died); ``.rank`` names it — a rank that died (gloo aborts
+            one whose recv is smaller than the message; its first line says so) before its peers
+            that lost their connection, and where several raised, the lowest that raised an error
+            of its own — and the message holds its traceback (or its stderr).
         TimeoutError: not all ranks finished within ``timeout``; names the ranks still running
             and shows where each one was stuck.
 
