@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..runtime import check_code
+from ..runtime import hide_check_frames
 from . import wire
 from .wire import Opaque, Raised, Record
 
@@ -377,7 +377,7 @@ def run_cases(run: Callable, cases: list, seeds: list[int]) -> list:
         _seed_everything(seed)
         blocked = False
         try:
-            with checking(), check_code(run):
+            with checking(), hide_check_frames(run):
                 value = _call(run, case)
         except Exception as e:  # noqa: BLE001 - every failure of the code under test is a value
             value = wire.raised(e)

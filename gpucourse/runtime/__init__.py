@@ -5,7 +5,7 @@ Nothing here imports another part of ``gpucourse``; every part may import from h
 - ``launcher``  ``launch(fn, nprocs)``: ranks as processes, from a script or a notebook cell; its
   plumbing: ``processes`` (fork/spawn, start, stop), ``rank_process`` (inside a rank),
   ``process_tree`` (every descendant), ``ports`` (the loopback store), ``rank_output`` (with
-  ``check_code(fn)``: while a check runs, its cell's frames are not the learner's line);
+  ``hide_check_frames(fn)``: while a check runs, its cell's frames are not the learner's line);
   ``warm_parent()``: what a process imports once before it forks ranks (``torch._dynamo``)
 - ``live_ranks``  ``start_ranks(n)``, ``%%ranks``, ``gc.ranks``: ranks that stay up between notebook
   cells; its plumbing: ``live_group`` (the group seen from the kernel, ``RankError``/``RankTimeout``),
@@ -32,7 +32,7 @@ from .live_ranks import LiveRanks, RankError, RankTimeout, ranks, start_ranks
 from .ports import listen_on
 from .process_tree import reap_children
 from .processes import warm_parent
-from .rank_output import check_code
+from .rank_output import hide_check_frames
 from .printing import in_kernel, print0, print_ordered, rank_prefix
 from .timing import Timing, format_comparison, measure, speedup
 from .validate import check_choice, check_int, check_number, check_positive, check_tensor, check_type
@@ -42,4 +42,4 @@ __all__ = ["bf16_hardware_note", "cpu_supports_bf16", "has_bf16_units", "cpu_cor
            "LiveRanks", "RankError", "RankTimeout", "ranks", "start_ranks",
            "listen_on", "reap_children", "in_kernel", "print0", "print_ordered", "rank_prefix", "Timing", "format_comparison",
            "measure", "speedup", "check_choice", "check_int", "check_number", "check_positive",
-           "check_tensor", "check_type", "check_code", "run_main", "EndOfBackward", "graph_nodes", "output_tensors", "warm_parent"]
+           "check_tensor", "check_type", "hide_check_frames", "run_main", "EndOfBackward", "graph_nodes", "output_tensors", "warm_parent"]

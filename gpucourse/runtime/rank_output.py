@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-__all__ = ["RankFiles", "abort_reason", "blocked_report", "blocked_summary", "check_code", "position",
+__all__ = ["RankFiles", "abort_reason", "blocked_report", "blocked_summary", "hide_check_frames", "position",
            "print_grouped", "tidy_stack"]
 
 
@@ -123,7 +123,7 @@ _check_files: set[str] = set()   # the running check's own code (its cell), besi
 
 
 @contextlib.contextmanager
-def check_code(*functions):
+def hide_check_frames(*functions):
     """While a check runs its cases: the files these functions were defined in (the check's cell)
     hold the check's code, not the learner's, so a rank blocked in the learner's ``dist.send``
     behind the check's recording wrapper is shown at the learner's line, not at the wrapper's
