@@ -110,15 +110,7 @@ def test_missing_file(tmp_path):
     assert r.returncode == 2 and "no such file" in r.stderr
 
 
-def test_hanging_cell_is_stopped_by_the_cell_timeout(course):
-    path = _submission(course, "return x * x", extra_cells=[new_code_cell("import time\ntime.sleep(120)")])
-    r = _check(course, path, args=["--cell-timeout", "3"])
-    assert r.returncode == 1
-    assert "98.1  ✓" in r.stdout                          # ran before the hang
-    assert "98.2  ✗" in r.stdout and "did not run: a cell ran longer than 3 s" in r.stdout
-
-
-def test_stored_outputs_of_an_unrun_check_do_not_count_as_passed(course):
+def test_hanging_cell_is_stopped_by_the_cell_timeout_and_stored_outputs_do_not_count(course):
     """A check the run never reached (after a hanging cell) is not run, whatever its stored output says."""
     path = _submission(course, "return x * x", extra_cells=[new_code_cell("import time\ntime.sleep(120)")])
     nb = nbformat.read(path, as_version=4)
@@ -126,8 +118,11 @@ def test_stored_outputs_of_an_unrun_check_do_not_count_as_passed(course):
         cell.execution_count = count + 1
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="98.2 passed ✓\n")]
     nbformat.write(nb, path)
-    r = _check(course, path, args=["--cell-timeout", "3"])
-    assert r.returncode == 1 and "98.2  ✗" in r.stdout
+    # 20 s, not less: the first cell imports torch, which took over 3 s on a loaded CI machine
+    r = _check(course, path, args=["--cell-timeout", "20"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "98.1  ✓" in r.stdout, r.stdout                # ran before the hang
+    assert "98.2  ✗" in r.stdout and "did not run: a cell ran longer than 20 s" in r.stdout, r.stdout
 
 
 def test_same_seed_same_inputs(course):
