@@ -542,7 +542,12 @@ def host(fd: int, *, warm: bool = False) -> int:
             except OSError:
                 message, fds = b"", []
             if not message:                   # the grader closed it (or ended): so do its judges
-                return 0
+                # at once: the interpreter's own clean-up with torch loaded took 0.7 s of every
+                # check and every grading run's close (the host holds no file or folder to remove)
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                os._exit(0)
             pid = os.fork()
             if pid == 0:
                 try:
