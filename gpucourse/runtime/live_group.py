@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .live_rank_process import keeper_main
 from .ports import host_store, loopback_interface
 from .processes import wait_ready as _wait_for
-from .rank_output import blocked_report, read, tidy_stack
+from .rank_output import abort_reason, blocked_report, read, tidy_stack
 
 __all__ = ["RankError", "RankTimeout", "LiveGroup", "Outcome", "raise_for", "who"]
 
@@ -128,6 +128,7 @@ class Outcome:
     stuck: list[int] = field(default_factory=list)             # late, and not even an interrupt helped
     stacks: dict[int, str] = field(default_factory=dict)
     interrupted_here: bool = False                             # Ctrl-C in the kernel
+    reasons: dict[int, str] = field(default_factory=dict)      # a dead rank: why C++ aborted it (its stderr)
 
 
 _OPEN: weakref.WeakSet[LiveGroup] = weakref.WeakSet()   # running groups: a new keeper closes their pipe ends
@@ -320,6 +321,11 @@ class LiveGroup:
             err = _read_range(self.files[r, "err"], self.err_pos[r], err_end)
             self.out_pos[r] += len(out.encode())
             self.err_pos[r] += len(err.encode())
+            if r in outcome.died and err:
+                # a rank C++ aborted (gloo: a message larger than its buffer): the reason in the
+                # error's first line, and of its fatal-error dump the learner's frames only
+                outcome.reasons[r] = abort_reason(err)
+                err = _short_paths(tidy_stack(err, machinery=_MACHINERY)) + "\n"
             if out:
                 sys.stdout.write(_labelled(f"rank {r}", out))
                 sys.stdout.flush()
@@ -417,7 +423,9 @@ def raise_for(outcome: Outcome, chosen: list[int], timeout: float, *, stopped: b
         tracebacks = {r: raised[r][1] for r in raised}
         parts = []
         for r in sorted(outcome.died):
-            parts.append(f"rank {r} died with {_signal_name(outcome.died[r])}")
+            reason = outcome.reasons.get(r)
+            parts.append(f"rank {r} died ({_signal_name(outcome.died[r]).removeprefix('signal ')}) {reason}"
+                         if reason else f"rank {r} died with {_signal_name(outcome.died[r])}")
         summary = _summary(raised)
         if summary:
             parts.insert(0, summary)

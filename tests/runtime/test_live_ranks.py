@@ -300,6 +300,23 @@ def test_a_rank_that_dies_is_named_and_the_group_is_stopped():
         assert not wait_gone(pids, 5)
 
 
+def test_a_rank_gloo_aborts_is_named_with_gloos_reason_and_the_learners_line(capfd):
+    """A send and its recv of different sizes: gloo aborts the receiver (SIGABRT). The error says
+    why, in its first line, and where; the rank's fatal-error dump shows the learner's frames only."""
+    with gc.LiveRanks().start(2) as g:
+        with pytest.raises(gc.RankError) as info:
+            g.run("import torch, torch.distributed as dist\n"
+                  "if rank == 0:\n    dist.send(torch.arange(36.), 1)\n"
+                  "else:\n    buffer = torch.zeros(18)\n    dist.recv(buffer, 0)")
+        first = str(info.value).splitlines()[0]
+        assert info.value.ranks == [1] and info.value.stopped
+        assert first.startswith("rank 1 died (SIGABRT) in gloo: it received 144 bytes into a recv buffer of 72"), first
+        assert "it was in recv (line 6 of <ranks cell" in first and "`dist.recv(buffer, 0)`" in first, first
+        err = capfd.readouterr().err
+        assert "[rank 1]   File \"<ranks cell" in err, err
+        assert "Extension modules" not in err and "live_rank_process.py" not in err, err
+
+
 # --- nothing outlives the group ----------------------------------------------------------------------
 
 _ESCAPE = """
