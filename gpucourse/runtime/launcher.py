@@ -227,7 +227,7 @@ def _wait_for_ranks(ranks: list[Rank], timeout: float):
                     continue
                 reported[i] = True
                 if msg[0] != "ok":
-                    return results, _lowest_failure(ranks, reported, i, msg)
+                    return results, _lowest_failure(ranks, reported, i, msg, returned=returned)
                 results[i] = pickle.loads(msg[1])
             elif not reported[by_sentinel[obj]] and not ranks[by_sentinel[obj]].messages.poll(0):
                 i = by_sentinel[obj]  # exited, and nothing is left to read: it died
@@ -241,7 +241,7 @@ FAILURE_SETTLE = 2.0
 
 
 def _lowest_failure(ranks: list[Rank], reported: list[bool], first: int, msg: tuple,
-                    settle: float = FAILURE_SETTLE) -> tuple:
+                    settle: float = FAILURE_SETTLE, returned: list[bool] | None = None) -> tuple:
     """The failure to report once rank ``first`` raised (``msg``), among the reports and deaths
     that arrive within ``settle`` seconds: a rank that died (one that aborted first, then the
     lowest), else the lowest rank that raised an error of its own, else the lowest that raised.
@@ -253,10 +253,15 @@ def _lowest_failure(ranks: list[Rank], reported: list[bool], first: int, msg: tu
     died. A rank that gloo aborts (``terminate called ...``: a send and its recv disagree on the
     size) closes its connections at once but dies later — it writes a stack dump first, slowly on
     a busy machine — so its peer's "Connection reset by peer" often arrives first: the aborting
-    rank is named all the same (its stderr says that it is aborting)."""
+    rank is named all the same (its stderr says that it is aborting).
+
+    A rank whose ``fn`` has returned (``returned``) is not waited for: it can no longer raise, and
+    it waits in the closing barrier for the rank that failed. When every other rank has returned,
+    the failure is reported at once (a wrong answer that raised on one rank took 2 s to show)."""
     failures = {first: (msg[1], msg[2])}
     died: dict[int, int | None] = {}
-    pending = {r.messages: j for j, r in enumerate(ranks) if not reported[j]}
+    returned = list(returned or [False] * len(ranks))
+    pending = {r.messages: j for j, r in enumerate(ranks) if not reported[j] and not returned[j]}
     deadline = time.monotonic() + settle
     while pending and time.monotonic() < deadline:
         for conn in _wait_for(list(pending), timeout=max(0.0, deadline - time.monotonic())):
@@ -267,8 +272,10 @@ def _lowest_failure(ranks: list[Rank], reported: list[bool], first: int, msg: tu
                 ranks[j].process.join(1)
                 died[j] = ranks[j].process.exitcode
                 continue
-            if reply[0] in ("joined", "returned"):
+            if reply[0] == "joined":
                 pending[conn] = j
+                continue
+            if reply[0] == "returned":            # in the closing barrier now: nothing more to hear
                 continue
             reported[j] = True
             if reply[0] != "ok":

@@ -166,6 +166,24 @@ def test_when_several_ranks_raise_the_lowest_is_named_whichever_reports_first():
     assert str(info.value).startswith("rank 0 raised ValueError: rank 0 has no data"), str(info.value)
 
 
+def _raises_after_the_other_returned(rank, world_size):
+    if rank == 1:
+        time.sleep(0.5)                   # rank 0 has returned by now: it waits in the closing barrier
+        raise ValueError(f"raised at {time.time()!r}")
+    return rank
+
+
+def test_a_rank_that_raises_after_the_others_returned_is_reported_at_once():
+    """Nothing is left to wait for: the other ranks returned and can no longer fail. The launcher
+    used to wait its whole 2 s settle for their reports (which come only after the closing
+    barrier), so every wrong answer that raised on one rank took 2 s longer to show."""
+    with pytest.raises(gc.WorkerError) as info:
+        gc.launch(_raises_after_the_other_returned, 2, init_process_group=False, timeout=30)
+    after = time.time() - float(str(info.value).splitlines()[0].rsplit(" ", 1)[1])
+    assert info.value.rank == 1 and info.value.exc_type == "ValueError"
+    assert after < 1.5, f"reported {after:.2f} s after the rank raised"
+
+
 def test_rank_that_dies_silently_is_reported():
     def fn(rank, world_size):
         if rank == 0:
