@@ -310,8 +310,27 @@ def write_json(rows: list[Row], path: str | Path, *, isolation: str = "", seed: 
                     earlier.append(e)
             if earlier:
                 data["earlier_runs"] = earlier
-    Path(path).write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    Path(path).write_text(_json_text(data) + "\n", encoding="utf-8")
     return done
+
+
+def _json_text(data) -> str:
+    """``data`` as JSON whose text a terminal shows as it is: readable non-ASCII (``ensure_ascii=False``),
+    but every control, format (bidi override) and separator character a student's text brings written
+    as a ``\\u`` escape — ``json`` escapes only those below U+0020, so DEL, the C1 controls (U+009B:
+    a one-character CSI) and U+202E reached ``cat grades.json`` raw. ``json.loads`` reads the same data.
+
+    Example::
+
+        >>> print(_json_text({"student": "mal\\u202elory\\x9b2J", "note": "✓"}))
+        {
+         "student": "mal\\u202elory\\u009b2J",
+         "note": "✓"
+        }
+    """
+    text = json.dumps(data, indent=1, ensure_ascii=False)
+    return "".join(json.dumps(c)[1:-1] if c != "\n" and unicodedata.category(c) in _HIDDEN_CATEGORIES else c
+                   for c in text)
 
 
 def _num(x: float) -> str:

@@ -312,11 +312,11 @@ def test_a_message_cannot_close_the_feedbacks_code_fence(tmp_path):
 def test_no_control_or_format_character_of_a_student_reaches_the_csv_totals_or_feedback(tmp_path):
     """ESC sequences, a CR and a right-to-left override (U+202E) in a student's folder name, file name,
     exception and the judge's message are written escaped (``\\x1b``, ``\\u202e``) in the CSV, the
-    totals and the feedback (Markdown and HTML); the JSON keeps the text; ``--update`` still finds
-    the student."""
+    totals and the feedback (Markdown and HTML), and as JSON escapes in the JSON, which reads back the
+    same text (a C1 CSI, U+009B, and U+202E reached it raw); ``--update`` still finds the student."""
     from gpucourse.grading.gradebook import Row, write_csv, write_feedback, write_json, write_totals
 
-    evil = "\x1b[2J\x1b[31m=red\u202e\r99.1 ✓"
+    evil = "\x1b[2J\x1b[31m=red\u202e\r99.1 ✓\x9b2J"
     student, notebook = "mal\x1b[8mlory\u202e", f"nb{evil}.ipynb"
     rows = [Row(student, notebook, "99.1", "square", "✗", "✗", 0, 3, 0.1, f"ValueError: {evil}", "",
                 "graded", message=f"99.1 failed\nValueError: {evil}\nsecond line", note=f"{notebook}: chapter 99"),
@@ -329,10 +329,12 @@ def test_no_control_or_format_character_of_a_student_reaches_the_csv_totals_or_f
     written = [*files.values(), *write_feedback(rows, tmp_path / "md"),
                *write_feedback(rows, tmp_path / "html", fmt="html")]
     for path in written:
+        text = path.read_text(encoding="utf-8")
+        assert not any(c in text for c in "\x1b\u202e\r\x9b"), (path.name, text)
         if path != files["json"]:
-            text = path.read_text(encoding="utf-8")
-            assert not any(c in text for c in "\x1b\u202e\r"), (path.name, text)
             assert "\\x1b[" in text and "\\u202e" in text, (path.name, text)        # shown, escaped
+        else:
+            assert "\\u001b[" in text and "\\u202e" in text and "\\u009b" in text, text
     assert json.loads(files["json"].read_text(encoding="utf-8"))["rows"][0]["student"] == student
     totals = list(csv.DictReader(io.StringIO(files["totals"].read_text(encoding="utf-8"))))
     assert [t["student"] for t in totals] == ["mal\\x1b[8mlory\\u202e"], totals     # updated, not doubled
