@@ -1123,7 +1123,15 @@ def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None
         print(f"{slot}: not checked here — only your instructor's grader, with the course's solutions, "
               "runs it (this machine has the public cases of the visible checks)")
         return
-    reply = _judge_one(judge, exercise, slot, run)
+    note = "" if hidden else _not_the_courses_check(judge, exercise)
+    try:
+        reply = _judge_one(judge, exercise, slot, run)
+    except CheckFailed as e:
+        if note:
+            raise CheckFailed(f"{e}\n({note})") from None
+        raise
+    if note:
+        print(f"({note})")
     also_hidden = not hidden and os.environ.get(HIDDEN_CHECKS_VARIABLE) == "1" and any(
         s["slot"] == f"{exercise}/hidden" for s in judge.hello["slots"])
     if also_hidden:
@@ -1135,6 +1143,41 @@ def _local_run(exercise: str, slot: str, run: Callable, *, hidden: bool) -> None
         print(f"{exercise} passed ✓ {PUBLIC_PASS} and runs hidden checks too ({size})")
         return
     print(f"{exercise}{' hidden' if hidden else ''} passed ✓" + (" (and its hidden check)" if also_hidden else ""))
+
+
+def _not_the_courses_check(judge: JudgeProcess, exercise: str) -> str:
+    """A note when the cell that calls :func:`check_exercise` is not the course's check cell of
+    ``exercise`` (edited, or from a copy of the notebook older than the course): its cases come from
+    the course's judge of today, so an old cell's ``run`` and today's cases can disagree in ways that
+    say nothing of the answer. ``""`` when it is the course's, or when this is not an IPython cell."""
+    from .exercises import check_hash
+
+    import linecache
+
+    want = next((s.get("check_hash") for s in judge.hello.get("slots", []) if s.get("slot") == exercise), None)
+    if not want:
+        return ""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        cells = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+        # the cell that called check_exercise: the first frame out of the course's package (the cell's
+        # source as IPython keeps it for tracebacks, whether or not the front end stores history)
+        package = os.path.dirname(os.path.dirname(__file__)) + os.sep
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(package):
+            frame = frame.f_back
+        filename = frame.f_code.co_filename if frame is not None else ""
+        cell = "".join(linecache.getlines(filename)) if filename in cells else ""
+    except Exception:  # noqa: BLE001 - no IPython cell to compare: say nothing
+        return ""
+    if not cell or check_hash(cell) == want:
+        return ""
+    return (f"this check cell is not the course's current check of {exercise}: edited, or from an older copy "
+            "of the notebook — the course's checks have changed since. Copy the check cell from the course's "
+            "exercises/ notebook, or run `python -m gpucourse check` on this notebook: it restores the "
+            "course's check cells by itself")
 
 
 def _judge_one(judge: JudgeProcess, exercise: str, slot: str, run: Callable) -> dict:

@@ -60,7 +60,7 @@ if __name__ == "__main__":
     sys.modules.setdefault("rfc3987_syntax", None)      # an import of it raises ImportError: skipped
 
 from . import harness, structure, wire  # noqa: E402
-from .exercises import CHECK_HEADER, CHECK_TAG, HIDDEN_HEADER, HIDDEN_TAG, definition_cells
+from .exercises import CHECK_HEADER, CHECK_TAG, HIDDEN_HEADER, HIDDEN_TAG, check_hash, definition_cells
 
 __all__ = ["ANY_LENGTH", "Judge", "main"]
 
@@ -94,6 +94,7 @@ class Judge:
         self.path = paths[0]
         self.errors: list[str] = []
         self.skipped: list[str] = []            # public mode: cells stopped by an answer they called
+        self.check_hashes: dict[str, str] = {}  # visible slot -> the course's check cell (exercises.check_hash)
         self.cases_cache: dict = {}
         self.reference_cache: dict = {}
         self._load()
@@ -140,7 +141,11 @@ class Judge:
             first = source.lstrip().splitlines()[0] if source.strip() else ""
             header = CHECK_HEADER.match(first) or HIDDEN_HEADER.match(first)
             harness._state["title"] = header["title"].strip() if header else ""
+            before = set(harness.SPECS)
             result = shell.run_cell(source, store_history=False, silent=True)
+            if CHECK_TAG in tags:
+                for slot in set(harness.SPECS) - before:
+                    self.check_hashes[slot] = check_hash(source)
             if not result.success:
                 err = result.error_in_exec or result.error_before_exec
                 what = f"{type(err).__name__}: {err}"
@@ -158,8 +163,6 @@ class Judge:
         filled in; a cell of the learner's) is not run: the top-level names it defines that nothing
         defined yet stand for a function that raises (a check cell names the answer it checks)."""
         from collections import Counter
-
-        from .exercises import check_hash
 
         allowed = Counter(self.public.course_cells)
         needed = set()
@@ -183,7 +186,8 @@ class Judge:
     def slots(self) -> list[dict]:
         specs = [s for s in self.specs.values() if self.public is None or s.slot in self.public.slots]
         return [{"slot": s.slot, "exercise": s.exercise, "kind": s.kind, "title": s.title,
-                 "forbid": list(s.forbid)} for s in specs]
+                 "forbid": list(s.forbid), **({"check_hash": self.check_hashes[s.slot]}
+                                              if s.slot in self.check_hashes else {})} for s in specs]
 
     def describe_public(self) -> dict | None:
         """For the hello reply: where the public cases come from (``None``: not public mode)."""
