@@ -9,11 +9,10 @@ from _grading_helpers import CHECK, SETUP
 from nbformat.v4 import new_code_cell, new_notebook
 
 
-def test_a_failed_check_shows_the_judges_message_not_the_harness(tiny_release, tmp_path):
+def _execute(nb, solutions, cwd) -> None:
+    """Run ``nb`` in a real kernel that imports this checkout's package and judges with ``solutions``."""
     from nbclient import NotebookClient
 
-    _, solutions = tiny_release
-    nb = new_notebook(cells=[new_code_cell(SETUP + "\ndef square(x):\n    return x + 1"), new_code_cell(CHECK)])
     repo = str(Path(__file__).resolve().parents[2])          # the kernel imports this checkout's package
     env = dict(os.environ, GPUCOURSE_SOLUTIONS=str(solutions),
                PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
@@ -21,10 +20,16 @@ def test_a_failed_check_shows_the_judges_message_not_the_harness(tiny_release, t
     os.environ.update(env)
     try:
         NotebookClient(nb, timeout=300, allow_errors=True, kernel_name="python3",
-                       resources={"metadata": {"path": str(tmp_path)}}).execute()
+                       resources={"metadata": {"path": str(cwd)}}).execute()
     finally:
         os.environ.clear()
         os.environ.update(old)
+
+
+def test_a_failed_check_shows_the_judges_message_not_the_harness(tiny_release, tmp_path):
+    _, solutions = tiny_release
+    nb = new_notebook(cells=[new_code_cell(SETUP + "\ndef square(x):\n    return x + 1"), new_code_cell(CHECK)])
+    _execute(nb, solutions, tmp_path)
     error = next(o for o in nb.cells[1].outputs if o.output_type == "error")
     shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))
     assert error.ename == "CheckFailed" and "99.1, case 1 of" in error.evalue and "hint: multiply" in error.evalue
@@ -39,24 +44,12 @@ def test_a_check_cell_that_is_not_the_courses_says_so_and_the_courses_does_not(t
     meets today's cases from the course's judge, and a failure there may say nothing of the answer.
     The check says that the cell is not the course's, on a failure and on a pass; the course's own
     check cell says nothing of the kind."""
-    from nbclient import NotebookClient
-
     _, solutions = tiny_release
     old_check = CHECK.replace("range(-3, 4)", "range(-2, 3)")              # an earlier release's cell
     nb = new_notebook(cells=[new_code_cell(SETUP + "\ndef square(x):\n    return x + 1"), new_code_cell(CHECK),
                              new_code_cell(old_check), new_code_cell("def square(x):\n    return x * x"),
                              new_code_cell(old_check), new_code_cell(CHECK)])
-    repo = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, GPUCOURSE_SOLUTIONS=str(solutions),
-               PYTHONPATH=os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
-    old = dict(os.environ)
-    os.environ.update(env)
-    try:
-        NotebookClient(nb, timeout=300, allow_errors=True, kernel_name="python3",
-                       resources={"metadata": {"path": str(tmp_path)}}).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+    _execute(nb, solutions, tmp_path)
 
     def shown(cell):
         return "\n".join(o.get("text", "") or o.get("evalue", "") for o in cell.outputs)
