@@ -58,5 +58,7 @@ def test_a_check_cell_that_is_not_the_courses_says_so_and_the_courses_does_not(t
     assert "CheckFailed" in {o.get("ename") for o in nb.cells[1].outputs} and note not in shown(nb.cells[1])
     assert "CheckFailed" in {o.get("ename") for o in nb.cells[2].outputs}, nb.cells[2].outputs
     assert note in shown(nb.cells[2]) and "python -m gpucourse check" in shown(nb.cells[2]), shown(nb.cells[2])
+    error = next(o for o in nb.cells[2].outputs if o.output_type == "error")
+    assert "harness.py" not in "\n".join(error.traceback), error.traceback      # still the learner's cell only
     assert "99.1 passed ✓" in shown(nb.cells[4]) and note in shown(nb.cells[4]), shown(nb.cells[4])
     assert "99.1 passed ✓" in shown(nb.cells[5]) and note not in shown(nb.cells[5]), shown(nb.cells[5])
