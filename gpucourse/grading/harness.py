@@ -1150,9 +1150,9 @@ def _not_the_courses_check(judge: JudgeProcess, exercise: str) -> str:
     ``exercise`` (edited, or from a copy of the notebook older than the course): its cases come from
     the course's judge of today, so an old cell's ``run`` and today's cases can disagree in ways that
     say nothing of the answer. ``""`` when it is the course's, or when this is not an IPython cell."""
-    from .exercises import check_hash
-
     import linecache
+
+    from .exercises import check_hash
 
     want = next((s.get("check_hash") for s in judge.hello.get("slots", []) if s.get("slot") == exercise), None)
     if not want:

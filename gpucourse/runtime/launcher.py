@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import pickle
 import secrets
-import signal
 import tempfile
 import time
 from typing import Any, Callable, Sequence
@@ -40,7 +39,7 @@ from .ports import _ephemeral_range, free_port, host_store  # noqa: F401 - free_
 from .process_tree import launcher_subreaper
 from .processes import Rank, ask_for_stacks, choose_start_method, send_port, start_ranks, stop
 from .processes import wait_ready as _wait_for
-from .rank_output import abort_reason, blocked_report, print_grouped, read, tidy_stack
+from .rank_output import abort_reason, blocked_report, print_grouped, rank_died, read, tidy_stack
 from .validate import check_choice, check_int, check_positive
 
 __all__ = ["launch", "WorkerError", "free_port"]
@@ -260,8 +259,7 @@ def _lowest_failure(ranks: list[Rank], reported: list[bool], first: int, msg: tu
     the failure is reported at once (a wrong answer that raised on one rank took 2 s to show)."""
     failures = {first: (msg[1], msg[2])}
     died: dict[int, int | None] = {}
-    returned = list(returned or [False] * len(ranks))
-    pending = {r.messages: j for j, r in enumerate(ranks) if not reported[j] and not returned[j]}
+    pending = {r.messages: j for j, r in enumerate(ranks) if not reported[j] and not (returned and returned[j])}
     deadline = time.monotonic() + settle
     while pending and time.monotonic() < deadline:
         for conn in _wait_for(list(pending), timeout=max(0.0, deadline - time.monotonic())):
@@ -370,8 +368,7 @@ def _worker_error(failure, errs: list[str]) -> WorkerError:
     _, rank, exc_type, tb, exitcode = failure
     if exc_type is None:
         reason = abort_reason(errs[rank])
-        first = (f"rank {rank} died ({_signal_name(exitcode).removeprefix('signal ')}) {reason}" if reason
-                 else f"rank {rank} died with {_signal_name(exitcode)} before reporting a result")
+        first = rank_died(rank, exitcode, reason) + ("" if reason else " before reporting a result")
         detail = tidy_stack(errs[rank]) or "(it printed nothing to stderr)"
         return WorkerError(rank, f"{first}\n--- stderr of rank {rank} ---\n{detail}", exitcode=exitcode)
     last = _exception_line(tb) or exc_type
@@ -379,10 +376,3 @@ def _worker_error(failure, errs: list[str]) -> WorkerError:
                        exc_type=exc_type, remote_traceback=tb, exitcode=exitcode)
 
 
-def _signal_name(exitcode: int | None) -> str:
-    if exitcode is None or exitcode >= 0:
-        return f"exit code {exitcode}"
-    try:
-        return f"signal {signal.Signals(-exitcode).name}"
-    except ValueError:
-        return f"signal {-exitcode}"

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .live_rank_process import keeper_main
 from .ports import host_store, loopback_interface
 from .processes import wait_ready as _wait_for
-from .rank_output import abort_reason, blocked_report, read, tidy_stack
+from .rank_output import abort_reason, blocked_report, rank_died, read, tidy_stack
 
 __all__ = ["RankError", "RankTimeout", "LiveGroup", "Outcome", "raise_for", "who"]
 
@@ -423,9 +423,7 @@ def raise_for(outcome: Outcome, chosen: list[int], timeout: float, *, stopped: b
         tracebacks = {r: raised[r][1] for r in raised}
         parts = []
         for r in sorted(outcome.died):
-            reason = outcome.reasons.get(r)
-            parts.append(f"rank {r} died ({_signal_name(outcome.died[r]).removeprefix('signal ')}) {reason}"
-                         if reason else f"rank {r} died with {_signal_name(outcome.died[r])}")
+            parts.append(rank_died(r, outcome.died[r], outcome.reasons.get(r, "")))
         summary = _summary(raised)
         if summary:
             parts.insert(0, summary)
@@ -489,17 +487,6 @@ def who(ranks: list[int]) -> str:
 
 def _labelled(who: str, text: str) -> str:
     return "".join(f"[{who}] {line}\n" for line in text.splitlines())
-
-
-def _signal_name(code: int | None) -> str:
-    if code is None:
-        return "an unknown status"
-    if code >= 0:
-        return f"exit code {code}"
-    try:
-        return f"signal {signal.Signals(-code).name}"
-    except ValueError:
-        return f"signal {-code}"
 
 
 def _read_range(file, start: int, end: int | None) -> str:

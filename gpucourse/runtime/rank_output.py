@@ -9,10 +9,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import sys
 
 __all__ = ["RankFiles", "abort_reason", "blocked_report", "blocked_summary", "hide_check_frames", "position",
-           "print_grouped", "tidy_stack"]
+           "print_grouped", "rank_died", "signal_name", "tidy_stack"]
 
 
 class RankFiles:
@@ -284,3 +285,37 @@ def abort_reason(err: str) -> str:
         what = what[:197] + "..."
     kind = f"{thrown['type']}: " if thrown and not library else ""
     return f"in {library or 'C++'}: {kind}{what}{at}"
+
+
+def signal_name(code: int | None) -> str:
+    """How a process ended, from its exit status (negative: the signal that killed it).
+
+    Example::
+
+        >>> signal_name(-6), signal_name(3), signal_name(None)
+        ('signal SIGABRT', 'exit code 3', 'an unknown status')
+    """
+    if code is None:
+        return "an unknown status"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
+
+
+def rank_died(rank: int, code: int | None, reason: str = "") -> str:
+    """The clause that names a rank that died: with :func:`abort_reason`'s ``reason`` when there is
+    one, as launched and live ranks both say it.
+
+    Example::
+
+        >>> rank_died(1, -6, "in gloo: it received 96 bytes into a buffer of 48")
+        'rank 1 died (SIGABRT) in gloo: it received 96 bytes into a buffer of 48'
+        >>> rank_died(2, -9)
+        'rank 2 died with signal SIGKILL'
+    """
+    if reason:
+        return f"rank {rank} died ({signal_name(code).removeprefix('signal ')}) {reason}"
+    return f"rank {rank} died with {signal_name(code)}"
