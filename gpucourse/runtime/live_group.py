@@ -412,7 +412,12 @@ class LiveGroup:
 
 # --- reports -----------------------------------------------------------------------------------------
 
-def raise_for(outcome: Outcome, chosen: list[int], timeout: float, *, stopped: bool) -> None:
+def raise_for(outcome: Outcome, chosen: list[int], timeout: float, *, stopped: bool,
+              stopped_as: str | None = None) -> None:
+    """Raise :class:`RankError` (a rank raised or died) or :class:`RankTimeout` (still busy) for a
+    round's ``outcome``; ``stopped``: the group was stopped for it. ``stopped_as``: what was
+    stopped, for a group that is not ``gc.ranks`` (``"the 3 ranks started for this case were
+    stopped (…)"``; by default the learner is told to restart ``gc.ranks``)."""
     __tracebackhide__ = True  # IPython leaves this frame out of the traceback it shows
     errors = {r: reply[2] for r, reply in outcome.replies.items() if reply[2] is not None}
     late = set(outcome.late)
@@ -434,15 +439,17 @@ def raise_for(outcome: Outcome, chosen: list[int], timeout: float, *, stopped: b
             message += (f"; {who(sorted(late))} still running {PEER_GRACE:g} s later (waiting "
                         f"for the failed rank in a collective?) {fate}")
         if stopped:
-            message += ". The live ranks were stopped: gc.ranks.restart() starts a fresh group"
+            message += (". " + stopped_as[:1].upper() + stopped_as[1:] if stopped_as
+                        else ". The live ranks were stopped: gc.ranks.restart() starts a fresh group")
         message += "\n" + _tracebacks(tracebacks)
         raise RankError(message.rstrip("\n"), ranks=failed, exc_types=exc_types, tracebacks=tracebacks,
                         stopped=stopped)
     if late:
         where = "".join(f"\n--- {who([r])} was here ---\n{outcome.stacks.get(r) or '(no stack)'}" for r in sorted(late))
         if stopped:
-            fate = ("A rank blocked inside a collective or a recv cannot be interrupted, so the group was "
-                    "stopped: gc.ranks.restart() starts a fresh one (the ranks' variables are lost).")
+            fate = ("A rank blocked inside a collective or a recv cannot be interrupted, so "
+                    + (f"{stopped_as}." if stopped_as else "the group was stopped: gc.ranks.restart() "
+                       "starts a fresh one (the ranks' variables are lost)."))
         else:
             fate = "Interrupted (KeyboardInterrupt): the group is still up, its variables kept."
         others = " (the others had finished)" if len(late) < len(chosen) else ""

@@ -138,6 +138,7 @@ class LiveRanks:
         self.progress: bool | None = None
         self._defined: set[str] = set()     # names the cells run on these ranks bound (def, class, =)
         self._lost: set[str] = set()        # names earlier groups had that these ranks were never given
+        self._stopped_as: str | None = None  # a case's group (resized): what its errors say was stopped
 
     # --- start and stop ------------------------------------------------------------------------
     def start(self, world_size: int = 2, *, timeout: float = 60.0) -> LiveRanks:
@@ -210,19 +211,13 @@ class LiveRanks:
         self.run("del _gpucourse_answers", ranks=0)
         group = LiveRanks()
         group._cells, group._lost = self._cells, self._lost     # cell names stay unique in linecache
+        # what its errors say was stopped: the case's group, not gc.ranks (no restart to ask for)
+        group._stopped_as = f"the {world_size} ranks started for this case were stopped (your live ranks are as they were)"
         try:
             group.start(world_size, timeout=self.timeout)
             group.push({"_gpucourse_answers": blob})
             group._run(_LOAD_ANSWERS, None, None, live=False)
             yield group
-        except (RankError, RankTimeout) as e:           # it is the case's group that was stopped, not gc.ranks
-            if e.args and isinstance(e.args[0], str):
-                ours = f"the {world_size} ranks started for this case were stopped (your live ranks are as they were)"
-                e.args = (e.args[0].replace("The live ranks were stopped: gc.ranks.restart() starts a fresh group",
-                                            ours[0].upper() + ours[1:])
-                          .replace("so the group was stopped: gc.ranks.restart() starts a fresh one (the ranks' "
-                                   "variables are lost).", f"so {ours}."),) + e.args[1:]
-            raise
         finally:
             self._cells = max(self._cells, group._cells)
             group.stop()
@@ -348,11 +343,12 @@ class LiveRanks:
             self._broken(outcome)
         if outcome.interrupted_here:
             raise RanksInterrupted(
-                "ranks stopped — gc.ranks.restart() starts a fresh group (the ranks' variables are lost)"
+                (f"ranks stopped — {self._stopped_as}" if self._stopped_as else
+                 "ranks stopped — gc.ranks.restart() starts a fresh group (the ranks' variables are lost)")
                 if broken else f"ranks still live: {who(outcome.late or sorted(messages))} interrupted, the "
                                "group is up and keeps its variables")
         # 5) errors fail the cell
-        raise_for(outcome, sorted(messages), timeout, stopped=broken)
+        raise_for(outcome, sorted(messages), timeout, stopped=broken, stopped_as=self._stopped_as)
         return {r: reply[3] for r, reply in outcome.replies.items()}
 
     def _shows_progress(self) -> bool:

@@ -300,6 +300,42 @@ def test_a_rank_that_dies_is_named_and_the_group_is_stopped():
         assert not wait_gone(pids, 5)
 
 
+def test_a_case_on_more_ranks_that_breaks_stops_its_own_group_and_says_so_not_gc_ranks():
+    """A check runs a case on 3 ranks (``resized``) beside the notebook's 2. When that case's group
+    breaks, the learner is told the case's ranks were stopped — not to restart theirs, which still
+    run with their variables."""
+    with gc.LiveRanks().start(2) as two:
+        two.run("def last_rank_dies():\n    import os\n    if rank == world_size - 1:\n        os._exit(3)\n"
+                "def last_rank_waits():\n    if rank == world_size - 1:\n        dist.recv(torch.zeros(1), src=0)\n"
+                "kept = rank * 7")
+        pids = two.pids
+        for name, error in (("last_rank_dies", gc.RankError), ("last_rank_waits", gc.RankTimeout)):
+            with pytest.raises(error) as info:                   # as 04.3's and 09.3's check cells
+                with two.resized(3, [name]) as three:
+                    theirs = three.pids
+                    three.run(f"{name}()", timeout=2)
+            first = str(info.value).splitlines()[0]
+            assert info.value.ranks == [2] and info.value.stopped, first
+            assert "the 3 ranks started for this case were stopped (your live ranks are as they were)" \
+                in first.lower(), first
+            assert "restart" not in first, first
+            assert not wait_gone(theirs, 5)
+        # the stop button while the case's ranks are blocked in a collective: the case's group is stopped
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        with pytest.raises(RanksInterrupted) as info:
+            with two.resized(3, []) as three:
+                timer.start()
+                three.run("if rank == 0:\n    dist.barrier()", timeout=60)
+        timer.join()
+        assert str(info.value) == ("ranks stopped — the 3 ranks started for this case were stopped (your live "
+                                   "ranks are as they were)"), str(info.value)
+        assert two.running and two.pids == pids and two.gather("kept") == [0, 7]
+    # the kernel's own group, broken the same way, still says how to start a fresh one
+    with gc.LiveRanks().start(3) as g:
+        with pytest.raises(gc.RankError, match=r"The live ranks were stopped: gc.ranks.restart\(\) starts a fresh group"):
+            g.run("import os\nif rank == 2:\n    os._exit(3)")
+
+
 def test_a_rank_gloo_aborts_is_named_with_gloos_reason_and_the_learners_line(capfd):
     """A send and its recv of different sizes: gloo aborts the receiver (SIGABRT). The error says
     why, in its first line, and where; the rank's fatal-error dump shows the learner's frames only."""
