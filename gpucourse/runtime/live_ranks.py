@@ -205,17 +205,19 @@ class LiveRanks:
         if self.world_size == world_size:
             yield self
             return
-        pickled = "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"       # a missing answer: a NameError
-        self._run(f"_gpucourse_answers = __import__('cloudpickle').dumps({pickled})", 0, None, live=False)
-        blob = self.gather("_gpucourse_answers", ranks=0)[0]
+        self._run(_PACK_ANSWERS + f"_gpucourse_answers = _gpucourse_pack({names!r})\ndel _gpucourse_pack",
+                  0, None, live=False)
+        how, packed = self.gather("_gpucourse_answers", ranks=0)[0]
         self.run("del _gpucourse_answers", ranks=0)
+        if how != "ok":                    # said in the learner's terms, not as rank 0's traceback of this code
+            raise _answers_not_sent(how, packed, world_size, self._lost)
         group = LiveRanks()
         group._cells, group._lost = self._cells, self._lost     # cell names stay unique in linecache
         # what its errors say was stopped: the case's group, not gc.ranks (no restart to ask for)
         group._stopped_as = f"the {world_size} ranks started for this case were stopped (your live ranks are as they were)"
         try:
             group.start(world_size, timeout=self.timeout)
-            group.push({"_gpucourse_answers": blob})
+            group.push({"_gpucourse_answers": packed})
             group._run(_LOAD_ANSWERS, None, None, live=False)
             yield group
         finally:
@@ -431,6 +433,42 @@ def start_ranks(world_size: int = 2, *, timeout: float = 60.0) -> LiveRanks:
 
 #: run on the ranks :meth:`LiveRanks.resized` started: bind the answers from the other group's rank 0,
 #: their functions seeing this rank's ``rank``, ``world_size`` (cloudpickle gave them rank 0's)
+#: run on this group's rank 0 by :meth:`LiveRanks.resized`: the answers pickled by value, or what stops it
+_PACK_ANSWERS = """
+def _gpucourse_pack(names):
+    import cloudpickle
+    missing = [name for name in names if name not in globals()]
+    if missing:
+        return "missing", missing
+    try:
+        return "ok", cloudpickle.dumps({name: globals()[name] for name in names})
+    except Exception:
+        for name in names:
+            try:
+                cloudpickle.dumps(globals()[name])
+            except Exception as e:
+                return "unpicklable", (name, f"{type(e).__name__}: {e}")
+        raise
+
+
+"""
+
+
+def _answers_not_sent(how: str, detail, world_size: int, lost: set[str]) -> Exception:
+    """Why :meth:`LiveRanks.resized` cannot give a case's ranks the learner's answers."""
+    if how == "missing":               # the same words as a check's NameError on the live ranks themselves
+        listed = ", ".join(f"`{n}`" for n in detail)
+        if set(detail) & lost:
+            return NameError(f"run your %%ranks answer cell again: the new ranks do not have {listed} "
+                             f"(gc.ranks was restarted); this check runs it on {world_size} ranks")
+        return NameError(f"run your %%ranks answer cell first: the ranks do not have {listed}; this check "
+                         f"runs it on {world_size} ranks")
+    name, error = detail
+    return TypeError(f"`{name}` cannot be sent to the {world_size} ranks started for this case ({error}): "
+                     "it holds, or uses as a global, something that cannot be pickled (a lock, a file, a "
+                     "connection, a process group); create that inside the function instead")
+
+
 _LOAD_ANSWERS = """
 def _gpucourse_load(blob, namespace):
     import cloudpickle

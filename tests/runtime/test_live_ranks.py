@@ -336,6 +336,27 @@ def test_a_case_on_more_ranks_that_breaks_stops_its_own_group_and_says_so_not_gc
             g.run("import os\nif rank == 2:\n    os._exit(3)")
 
 
+def test_answers_a_case_cannot_have_are_named_in_the_learners_terms_before_any_rank_starts():
+    """``resized`` sends rank 0's answers by value: one the ranks never defined, or one that holds
+    something pickle cannot send, is named — not shown as rank 0's traceback of the course's code."""
+    with gc.LiveRanks().start(2) as two:
+        two.run("import threading\nlock = threading.Lock()\n"
+                "def guarded(x):\n    with lock:\n        return x\n"
+                "def fine(x):\n    return x + rank")
+        for names, error, says in (
+                (["fine", "mean_hook"], NameError, "run your %%ranks answer cell first: the ranks do not have "
+                                                   "`mean_hook`; this check runs it on 3 ranks"),
+                (["fine", "guarded"], TypeError, "`guarded` cannot be sent to the 3 ranks started for this case "
+                                                 "(TypeError: cannot pickle '_thread.lock' object)")):
+            with pytest.raises(error) as info:
+                with two.resized(3, names):
+                    pytest.fail("a group was started")
+            assert str(info.value).startswith(says) and "cloudpickle" not in str(info.value), str(info.value)
+        assert two.gather("sorted(n for n in globals() if n.startswith('_gpucourse'))") == [[], []]
+        with two.resized(3, ["fine"]) as three:                # what can be sent is, and runs as each rank's
+            assert three.gather("fine(10)") == [10, 11, 12]
+
+
 def test_a_rank_gloo_aborts_is_named_with_gloos_reason_and_the_learners_line(capfd):
     """A send and its recv of different sizes: gloo aborts the receiver (SIGABRT). The error says
     why, in its first line, and where; the rank's fatal-error dump shows the learner's frames only."""
