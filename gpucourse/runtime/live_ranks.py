@@ -454,14 +454,29 @@ def _gpucourse_pack(names):
 """
 
 
+def _only_in_the_kernel(names) -> str:
+    """`` (it is defined in this notebook's kernel, …)`` for the names the ranks lack that the
+    kernel has: an answer written in an ordinary cell, which runs in the kernel, not on the ranks."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return ""
+    shell = get_ipython()
+    theirs = [n for n in names if shell is not None and n in shell.user_ns]
+    if not theirs:
+        return ""
+    listed = ", ".join(f"`{n}`" for n in theirs)
+    return (f" ({listed} {'is' if len(theirs) == 1 else 'are'} defined in this notebook's kernel, not on the "
+            "ranks: its cell needs %%ranks as its first line)")
+
+
 def _answers_not_sent(how: str, detail, world_size: int, lost: set[str]) -> Exception:
     """Why :meth:`LiveRanks.resized` cannot give a case's ranks the learner's answers."""
     if how == "missing":               # the same words as a check's NameError on the live ranks themselves
         listed = ", ".join(f"`{n}`" for n in detail)
-        if set(detail) & lost:
-            return NameError(f"run your %%ranks answer cell again: the new ranks do not have {listed} "
-                             f"(gc.ranks was restarted); this check runs it on {world_size} ranks")
-        return NameError(f"run your %%ranks answer cell first: the ranks do not have {listed}; this check "
+        again = (f"again: the new ranks do not have {listed} (gc.ranks was restarted)" if set(detail) & lost
+                 else f"first: the ranks do not have {listed}")
+        return NameError(f"run your %%ranks answer cell {again}{_only_in_the_kernel(detail)}; this check "
                          f"runs it on {world_size} ranks")
     name, error = detail
     return TypeError(f"`{name}` cannot be sent to the {world_size} ranks started for this case ({error}): "
@@ -654,7 +669,8 @@ def _explain_for_a_check(error: RankError, lost: set[str]) -> None:
     if missing:
         again = ("run your %%ranks answer cell again: the new ranks do not have "
                  f"`{missing}` (gc.ranks was restarted)" if missing in lost else
-                 f"run your %%ranks answer cell first: the ranks do not have `{missing}`")
+                 f"run your %%ranks answer cell first: the ranks do not have `{missing}`") \
+            + _only_in_the_kernel([missing])
         first = f"{first} — {again}"
     elif theirs:
         last = theirs[-1]                         # the innermost frame of the learner's code

@@ -271,6 +271,13 @@ return dist.all_reduce(buffer, async_op=True).get_future()""", None,
      ["a communication hook's future must hold one tensor"]),
     ("04", "04.5", "restarted", None, "restart",
      ["run your %%ranks answer cell again: the new ranks do not have `mean_hook`"]),
+    # the answer's cell run without its %%ranks line: the function is the kernel's, the ranks lack it
+    ("00", "00.4", "in the kernel", None, "share_and_total",
+     ["ranks do not have `share_and_total`", "(`share_and_total` is defined in this notebook's kernel, "
+      "not on the ranks: its cell needs %%ranks as its first line)"]),
+    ("04", "04.5", "in the kernel", None, "mean_hook",       # its first case runs on 3 ranks (resized)
+     ["ranks do not have `mean_hook`", "(`mean_hook` is defined in this notebook's kernel, not on the "
+      "ranks: its cell needs %%ranks as its first line)"]),
     ("09", "09.6", "typo", """mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
 partial = x[:, mine] @ w[:, mine].T
 dist.all_reduce(partial)
@@ -282,7 +289,11 @@ return partial, y + b""", None,
 @pytest.mark.parametrize("chapter_, exercise, kind, answer, before, says", COURSE,
                          ids=[f"{c[1]}-{c[2]}" for c in COURSE])
 def test_the_course_live_rank_checks_say_what_went_wrong(chapter_, exercise, kind, answer, before, says):
-    restart = (lambda: gc.ranks.restart()) if before == "restart" else None
+    def in_the_kernel():                   # what running the answer's cell without %%ranks leaves
+        _mutations._shell().user_ns[before] = lambda *args: None
+        gc.ranks.run(f"del {before}")
+
+    restart = (lambda: gc.ranks.restart()) if before == "restart" else in_the_kernel if before else None
     first = _first_line(judged(chapter_, exercise, answer, before_check=restart)[1])
     for text in says:
         assert text in first, first
