@@ -276,6 +276,7 @@ class LiveRanks:
         except RankError as e:
             if _checking:
                 _explain_for_a_check(e, self._lost)
+            _name_only_in_the_kernel(e)
             raise
         if not _checking:
             self._defined |= _bound_names(code)
@@ -454,6 +455,16 @@ def _gpucourse_pack(names):
 """
 
 
+def _name_only_in_the_kernel(error: RankError) -> None:
+    """Add to the first line of a NameError on the ranks that the kernel has that name (see
+    :func:`_only_in_the_kernel`)."""
+    first, newline, rest = str(error).partition("\n")
+    found = re.search(r"NameError: name '(\w+)' is not defined", first)
+    hint = _only_in_the_kernel([found[1]]) if found and set(error.exc_types.values()) == {"NameError"} else ""
+    if hint:
+        error.args = (first + hint + newline + rest,)
+
+
 def _only_in_the_kernel(names) -> str:
     """`` (it is defined in this notebook's kernel, …)`` for the names the ranks lack that the
     kernel has: an answer written in an ordinary cell, which runs in the kernel, not on the ranks."""
@@ -466,8 +477,10 @@ def _only_in_the_kernel(names) -> str:
     if not theirs:
         return ""
     listed = ", ".join(f"`{n}`" for n in theirs)
-    return (f" ({listed} {'is' if len(theirs) == 1 else 'are'} defined in this notebook's kernel, not on the "
-            "ranks: its cell needs %%ranks as its first line)")
+    one = len(theirs) == 1
+    return (f" ({listed} {'is' if one else 'are'} defined in this notebook's kernel, not on the ranks: run "
+            f"{'its cell' if one else 'their cells'} with %%ranks as the first line, or send "
+            f"{'it' if one else 'them'}: gc.ranks.push({{{', '.join(f'{n!r}: {n}' for n in theirs)}}}))")
 
 
 def _answers_not_sent(how: str, detail, world_size: int, lost: set[str]) -> Exception:
@@ -669,8 +682,7 @@ def _explain_for_a_check(error: RankError, lost: set[str]) -> None:
     if missing:
         again = ("run your %%ranks answer cell again: the new ranks do not have "
                  f"`{missing}` (gc.ranks was restarted)" if missing in lost else
-                 f"run your %%ranks answer cell first: the ranks do not have `{missing}`") \
-            + _only_in_the_kernel([missing])
+                 f"run your %%ranks answer cell first: the ranks do not have `{missing}`")
         first = f"{first} — {again}"
     elif theirs:
         last = theirs[-1]                         # the innermost frame of the learner's code

@@ -274,10 +274,11 @@ return dist.all_reduce(buffer, async_op=True).get_future()""", None,
     # the answer's cell run without its %%ranks line: the function is the kernel's, the ranks lack it
     ("00", "00.4", "in the kernel", None, "share_and_total",
      ["ranks do not have `share_and_total`", "(`share_and_total` is defined in this notebook's kernel, "
-      "not on the ranks: its cell needs %%ranks as its first line)"]),
+      "not on the ranks: run its cell with %%ranks as the first line, or send it: "
+      "gc.ranks.push({'share_and_total': share_and_total}))"]),
     ("04", "04.5", "in the kernel", None, "mean_hook",       # its first case runs on 3 ranks (resized)
      ["ranks do not have `mean_hook`", "(`mean_hook` is defined in this notebook's kernel, not on the "
-      "ranks: its cell needs %%ranks as its first line)"]),
+      "ranks: run its cell with %%ranks as the first line, or send it: gc.ranks.push({'mean_hook': mean_hook}))"]),
     ("09", "09.6", "typo", """mine = torch.arange(w.shape[1]).tensor_split(world_size)[rank]
 partial = x[:, mine] @ w[:, mine].T
 dist.all_reduce(partial)

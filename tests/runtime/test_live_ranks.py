@@ -357,6 +357,29 @@ def test_answers_a_case_cannot_have_are_named_in_the_learners_terms_before_any_r
             assert three.gather("fine(10)") == [10, 11, 12]
 
 
+def test_a_name_the_kernel_has_and_the_ranks_lack_is_said_to_be_the_kernels(group):
+    """A helper written in an ordinary cell lives in the kernel; a %%ranks cell that calls it meets a
+    NameError on every rank — which says where the name is and the two ways to give it to the ranks."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_cell("def helper(x):\n    return 2 * x", store_history=False)
+        with pytest.raises(gc.RankError) as info:
+            group.run("helper(rank)")
+        first = str(info.value).splitlines()[0]
+        assert first == ("ranks 0,1 raised NameError: name 'helper' is not defined (`helper` is defined in this "
+                         "notebook's kernel, not on the ranks: run its cell with %%ranks as the first line, or "
+                         "send it: gc.ranks.push({'helper': helper}))"), first
+        group.push({"helper": shell.user_ns["helper"]})           # the way it names works
+        assert group.gather("helper(rank)") == [0, 2]
+        with pytest.raises(gc.RankError) as info:                  # a name the kernel lacks too: no hint
+            group.run("nowhere(rank)")
+        assert str(info.value).splitlines()[0] == "ranks 0,1 raised NameError: name 'nowhere' is not defined"
+    finally:
+        InteractiveShell.clear_instance()
+
+
 def test_a_rank_gloo_aborts_is_named_with_gloos_reason_and_the_learners_line(capfd):
     """A send and its recv of different sizes: gloo aborts the receiver (SIGABRT). The error says
     why, in its first line, and where; the rank's fatal-error dump shows the learner's frames only."""
