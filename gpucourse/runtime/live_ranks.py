@@ -432,8 +432,6 @@ def start_ranks(world_size: int = 2, *, timeout: float = 60.0) -> LiveRanks:
     return ranks
 
 
-#: run on the ranks :meth:`LiveRanks.resized` started: bind the answers from the other group's rank 0,
-#: their functions seeing this rank's ``rank``, ``world_size`` (cloudpickle gave them rank 0's)
 #: run on this group's rank 0 by :meth:`LiveRanks.resized`: the answers pickled by value, or what stops it
 _PACK_ANSWERS = """
 def _gpucourse_pack(names):
@@ -497,6 +495,8 @@ def _answers_not_sent(how: str, detail, world_size: int, lost: set[str]) -> Exce
                      "connection, a process group); create that inside the function instead")
 
 
+#: run on the ranks :meth:`LiveRanks.resized` started: bind the answers from the other group's rank 0,
+#: their functions seeing this rank's ``rank``, ``world_size`` (cloudpickle gave them rank 0's)
 _LOAD_ANSWERS = """
 def _gpucourse_load(blob, namespace):
     import cloudpickle
