@@ -39,7 +39,8 @@ from .ports import _ephemeral_range, free_port, host_store  # noqa: F401 - free_
 from .process_tree import launcher_subreaper
 from .processes import Rank, ask_for_stacks, choose_start_method, send_port, start_ranks, stop
 from .processes import wait_ready as _wait_for
-from .rank_output import abort_reason, blocked_report, print_grouped, rank_died, read, tidy_stack
+from .rank_output import (abort_reason, blocked_report, exception_line, print_grouped, rank_died, read,
+                          tidy_stack)
 from .validate import check_choice, check_int, check_positive
 
 __all__ = ["launch", "WorkerError", "free_port"]
@@ -352,18 +353,6 @@ def _timeout_error(failure, stacks: list[str], nprocs: int, timeout: float) -> T
     return error
 
 
-def _exception_line(tb: str) -> str:
-    """The ``ExcType: message`` line of a formatted traceback: the first unindented line after the
-    last ``Traceback`` header. Not the last line: a CUDA error's message goes on for lines and ends
-    in advice ("Compile with `TORCH_USE_CUDA_DSA` ..."), which alone says nothing."""
-    lines = tb.strip().splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
-    for line in lines[starts[-1] + 1 if starts else 0:]:
-        if line.strip() and not line[0].isspace():
-            return line
-    return lines[-1] if lines else ""
-
-
 def _worker_error(failure, errs: list[str]) -> WorkerError:
     _, rank, exc_type, tb, exitcode = failure
     if exc_type is None:
@@ -371,7 +360,7 @@ def _worker_error(failure, errs: list[str]) -> WorkerError:
         first = rank_died(rank, exitcode, reason) + ("" if reason else " before reporting a result")
         detail = tidy_stack(errs[rank]) or "(it printed nothing to stderr)"
         return WorkerError(rank, f"{first}\n--- stderr of rank {rank} ---\n{detail}", exitcode=exitcode)
-    last = _exception_line(tb) or exc_type
+    last = exception_line(tb) or exc_type
     return WorkerError(rank, f"rank {rank} raised {last}\n--- traceback from rank {rank} ---\n{tb}",
                        exc_type=exc_type, remote_traceback=tb, exitcode=exitcode)
 

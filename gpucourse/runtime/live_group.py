@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .live_rank_process import keeper_main
 from .ports import host_store, loopback_interface
 from .processes import wait_ready as _wait_for
-from .rank_output import abort_reason, blocked_report, rank_died, read, tidy_stack
+from .rank_output import abort_reason, blocked_report, exception_line, rank_died, read, tidy_stack
 
 __all__ = ["RankError", "RankTimeout", "LiveGroup", "Outcome", "raise_for", "who"]
 
@@ -472,11 +472,10 @@ def _short_paths(stack: str) -> str:
 
 
 def _summary(raised: dict[int, tuple]) -> str:
-    """``"rank 1 raised KeyError: 'x'"``; ranks with the same last line are named together."""
+    """``"rank 1 raised KeyError: 'x'"``; ranks with the same exception line are named together."""
     by_line: dict[str, list[int]] = {}
     for r in sorted(raised):
-        lines = raised[r][1].strip().splitlines()
-        by_line.setdefault(lines[-1] if lines else raised[r][0], []).append(r)
+        by_line.setdefault(exception_line(raised[r][1]) or raised[r][0], []).append(r)
     return "; ".join(f"{who(rs)} raised {line}" for line, rs in by_line.items())
 
 

@@ -287,6 +287,38 @@ def abort_reason(err: str) -> str:
     return f"in {library or 'C++'}: {kind}{what}{at}"
 
 
+def exception_line(tb: str) -> str:
+    r"""The ``ExcType: message`` of a formatted traceback's last exception, on one line: the first
+    unindented line after the last ``Traceback`` header, with the indented lines that carry on its
+    sentence. Not the last line: a CUDA error's message goes on for lines and ends in advice
+    ("Compile with `TORCH_USE_CUDA_DSA` ..."), which alone says nothing; and torch writes some
+    messages over two lines, the second indented ("but got <class 'list'> instead.").
+
+    Example::
+
+        >>> exception_line('Traceback (most recent call last):\n  File "<ranks cell 1>", line 1, in <module>\n'
+        ...                '    dist.all_reduce([1])\nTypeError: Invalid function argument. Expected tensor\n'
+        ...                "             but got <class 'list'> instead.\n")
+        "TypeError: Invalid function argument. Expected tensor but got <class 'list'> instead."
+        >>> exception_line('Traceback (most recent call last):\n  File "x.py", line 3, in f\n'
+        ...                'RuntimeError: CUDA error: device-side assert triggered\n'
+        ...                'Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n')
+        'RuntimeError: CUDA error: device-side assert triggered'
+    """
+    lines = tb.strip().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    rest = lines[starts[-1] + 1 if starts else 0:]
+    for i, line in enumerate(rest):
+        if line.strip() and not line[0].isspace():
+            carried = []
+            for more in rest[i + 1:]:
+                if not more.strip() or not more[0].isspace():
+                    break
+                carried.append(" ".join(more.split()))
+            return " ".join([line.rstrip(), *carried])
+    return lines[-1] if lines else ""
+
+
 def signal_name(code: int | None) -> str:
     """How a process ended, from its exit status (negative: the signal that killed it).
 

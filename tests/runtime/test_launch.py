@@ -258,6 +258,20 @@ def test_a_multi_line_error_is_named_by_its_first_line_not_its_advice():
     assert "TORCH_USE_CUDA_DSA" in str(info.value)            # the whole traceback is still there
 
 
+def _all_reduce_a_list(rank, world_size):
+    dist.all_reduce([rank, 1])                                # a learner's list, not a tensor
+
+
+def test_a_message_torch_carries_on_over_an_indented_line_is_named_whole():
+    # torch's own argument check: "Expected parameter `tensor` of type torch.Tensor\n      but got <class 'list'>
+    # instead." — the first line was only half of it (and the live ranks showed only the indented half)
+    with pytest.raises(gc.WorkerError) as info:
+        gc.launch(_all_reduce_a_list, 2, timeout=60)
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("rank 0 raised TypeError: ") and first.endswith("but got <class 'list'> instead."), first
+    assert "  " not in first, first
+
+
 def test_hang_raises_timeout_error_naming_ranks_and_where():
     def fn(rank, world_size):
         if rank == 0:

@@ -147,6 +147,17 @@ def test_an_exception_on_one_rank_raises_rank_error_with_its_traceback(group, ca
     assert (type(again), again.ranks, str(again)) == (gc.RankError, [1], str(e))
 
 
+def test_a_message_of_two_lines_is_named_whole_in_the_first_line(group):
+    # torch's argument check writes "… of type torch.Tensor" and, indented below, "but got <class 'list'>
+    # instead.": the first line said only "ranks 0,1 raised              but got <class 'list'> instead."
+    with pytest.raises(gc.RankError) as info:
+        group.run("dist.all_reduce([rank, 1])")
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("ranks 0,1 raised TypeError: Invalid function argument") and \
+        first.endswith("but got <class 'list'> instead."), first
+    assert "  " not in first, first
+
+
 def test_the_same_error_on_every_rank_is_shown_once(group):
     with pytest.raises(gc.RankError) as info:
         group.run("undefined_name + rank")
