@@ -271,7 +271,14 @@ def _command(message: tuple, namespace: dict):
     kind = message[0]
     if kind == "exec":
         _, _, code, filename = message
+        dist = sys.modules.get("torch.distributed")
+        had_group = dist is not None and dist.is_initialized()
         run_cell(code, namespace, filename)
+        if had_group and not dist.is_initialized():     # a script's last line, copied into a %%ranks cell
+            raise RuntimeError(
+                "this cell destroyed the live ranks' process group (dist.destroy_process_group()): a script "
+                "ends with it, but live ranks keep their group from cell to cell, and every collective "
+                "from now on would fail — gc.ranks.restart() starts a fresh group (gc.ranks.stop() ends them)")
         return None
     if kind == "gather":
         _, _, expression, filename = message

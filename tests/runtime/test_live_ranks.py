@@ -147,6 +147,21 @@ def test_an_exception_on_one_rank_raises_rank_error_with_its_traceback(group, ca
     assert (type(again), again.ranks, str(again)) == (gc.RankError, [1], str(e))
 
 
+def test_a_cell_that_destroys_the_process_group_says_so_then_and_there():
+    # a script's last line, copied into a %%ranks cell: it "worked", and the next collective failed with
+    # "Default process group has not been initialized, please make sure to call init_process_group."
+    with gc.LiveRanks().start(2) as g:
+        with pytest.raises(gc.RankError) as info:
+            g.run("total = torch.ones(1)\ndist.all_reduce(total)\ndist.destroy_process_group()")
+        first = str(info.value).splitlines()[0]
+        assert first.startswith("ranks 0,1 raised RuntimeError: this cell destroyed the live ranks' process "
+                                "group (dist.destroy_process_group())") and "gc.ranks.restart()" in first, first
+        assert g.gather("total") == [torch.tensor([2.0])] * 2       # the cell itself ran
+        g.restart()
+        g.run("t = torch.ones(1)\ndist.all_reduce(t)")
+        assert g.gather("t.item()") == [2.0, 2.0]
+
+
 def test_a_message_of_two_lines_is_named_whole_in_the_first_line(group):
     # torch's argument check writes "… of type torch.Tensor" and, indented below, "but got <class 'list'>
     # instead.": the first line said only "ranks 0,1 raised              but got <class 'list'> instead."
