@@ -273,7 +273,14 @@ def _command(message: tuple, namespace: dict):
         _, _, code, filename = message
         dist = sys.modules.get("torch.distributed")
         had_group = dist is not None and dist.is_initialized()
-        run_cell(code, namespace, filename)
+        try:
+            run_cell(code, namespace, filename)
+        except ValueError as e:                         # a script's first lines, copied into a %%ranks cell
+            if had_group and "initialize the default process group twice" in str(e):
+                e.args = (f"{e} — live ranks start with their process group ready (gloo; `rank`, "
+                          "`world_size` and `dist` are set): a %%ranks cell leaves out "
+                          "dist.init_process_group",)
+            raise
         if had_group and not dist.is_initialized():     # a script's last line, copied into a %%ranks cell
             raise RuntimeError(
                 "this cell destroyed the live ranks' process group (dist.destroy_process_group()): a script "

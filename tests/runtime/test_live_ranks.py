@@ -147,7 +147,7 @@ def test_an_exception_on_one_rank_raises_rank_error_with_its_traceback(group, ca
     assert (type(again), again.ranks, str(again)) == (gc.RankError, [1], str(e))
 
 
-def test_a_cell_that_destroys_the_process_group_says_so_then_and_there():
+def test_a_scripts_first_and_last_lines_in_a_cell_say_what_live_ranks_do_instead():
     # a script's last line, copied into a %%ranks cell: it "worked", and the next collective failed with
     # "Default process group has not been initialized, please make sure to call init_process_group."
     with gc.LiveRanks().start(2) as g:
@@ -160,6 +160,15 @@ def test_a_cell_that_destroys_the_process_group_says_so_then_and_there():
         g.restart()
         g.run("t = torch.ones(1)\ndist.all_reduce(t)")
         assert g.gather("t.item()") == [2.0, 2.0]
+        # and a script's first lines: the group is there already
+        with pytest.raises(gc.RankError) as info:
+            g.run("dist.init_process_group('gloo')")
+        first = str(info.value).splitlines()[0]
+        assert first == ("ranks 0,1 raised ValueError: trying to initialize the default process group twice! — "
+                         "live ranks start with their process group ready (gloo; `rank`, `world_size` and `dist` "
+                         "are set): a %%ranks cell leaves out dist.init_process_group"), first
+        assert "<ranks cell" in str(info.value)                     # the learner's line is still shown
+        assert g.gather("dist.get_world_size()") == [2, 2]
 
 
 def test_a_message_of_two_lines_is_named_whole_in_the_first_line(group):
