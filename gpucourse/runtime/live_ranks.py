@@ -453,13 +453,29 @@ def _gpucourse_pack(names):
 """
 
 
+def _undefined_name(error: RankError) -> str | None:
+    """The name of a NameError every failed rank raised (named in the error's first line), else None."""
+    if set(error.exc_types.values()) != {"NameError"}:
+        return None
+    found = re.search(r"NameError: name '(\w+)' is not defined", str(error).partition("\n")[0])
+    return found[1] if found else None
+
+
+def _run_the_answer_cell(names: list[str], lost: set[str]) -> str:
+    """What a check says of answers the ranks do not have (restarted ranks lost them, or never had them)."""
+    listed = ", ".join(f"`{n}`" for n in names)
+    if set(names) & lost:
+        return f"run your %%ranks answer cell again: the new ranks do not have {listed} (gc.ranks was restarted)"
+    return f"run your %%ranks answer cell first: the ranks do not have {listed}"
+
+
 def _name_only_in_the_kernel(error: RankError) -> None:
     """Add to the first line of a NameError on the ranks that the kernel has that name (see
     :func:`_only_in_the_kernel`)."""
-    first, newline, rest = str(error).partition("\n")
-    found = re.search(r"NameError: name '(\w+)' is not defined", first)
-    hint = _only_in_the_kernel([found[1]]) if found and set(error.exc_types.values()) == {"NameError"} else ""
+    name = _undefined_name(error)
+    hint = _only_in_the_kernel([name]) if name else ""
     if hint:
+        first, newline, rest = str(error).partition("\n")
         error.args = (first + hint + newline + rest,)
 
 
@@ -484,10 +500,7 @@ def _only_in_the_kernel(names) -> str:
 def _answers_not_sent(how: str, detail, world_size: int, lost: set[str]) -> Exception:
     """Why :meth:`LiveRanks.resized` cannot give a case's ranks the learner's answers."""
     if how == "missing":               # the same words as a check's NameError on the live ranks themselves
-        listed = ", ".join(f"`{n}`" for n in detail)
-        again = (f"again: the new ranks do not have {listed} (gc.ranks was restarted)" if set(detail) & lost
-                 else f"first: the ranks do not have {listed}")
-        return NameError(f"run your %%ranks answer cell {again}{_only_in_the_kernel(detail)}; this check "
+        return NameError(f"{_run_the_answer_cell(detail, lost)}{_only_in_the_kernel(detail)}; this check "
                          f"runs it on {world_size} ranks")
     name, error = detail
     return TypeError(f"`{name}` cannot be sent to the {world_size} ranks started for this case ({error}): "
@@ -675,15 +688,9 @@ def _explain_for_a_check(error: RankError, lost: set[str]) -> None:
     first, _, rest = text.partition("\n")
     frames = [m for m in map(_TB_FRAME.match, rest.splitlines()) if m]
     theirs = [m for m in frames if not m["path"].startswith(f"{CELL_PREFIX}check")]
-    missing = None
-    if not theirs and set(error.exc_types.values()) == {"NameError"}:
-        found = re.search(r"NameError: name '(\w+)' is not defined", first)
-        missing = found and found[1]
+    missing = None if theirs else _undefined_name(error)
     if missing:
-        again = ("run your %%ranks answer cell again: the new ranks do not have "
-                 f"`{missing}` (gc.ranks was restarted)" if missing in lost else
-                 f"run your %%ranks answer cell first: the ranks do not have `{missing}`")
-        first = f"{first} — {again}"
+        first = f"{first} — {_run_the_answer_cell([missing], lost)}"
     elif theirs:
         last = theirs[-1]                         # the innermost frame of the learner's code
         source = linecache.getline(last["path"], int(last["line"])).strip()
