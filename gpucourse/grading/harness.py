@@ -364,6 +364,35 @@ def _seed_everything(seed: int) -> None:
         np.random.seed(seed & 0xFFFFFFFF)
 
 
+#: torch functions whose float kernels call MKL's vector math (VML) on x86: see :func:`_warm_vector_math`
+_VML_FUNCTIONS = ("acos", "asin", "atan", "cos", "sin", "tan", "tanh", "erf", "erfc", "erfinv", "exp", "log",
+                  "log1p", "sqrt", "trunc", "lgamma", "sigmoid")
+_vml_warm = False
+
+
+def _warm_vector_math() -> None:
+    """Call each of torch's VML-backed functions once, in this thread, before any case runs.
+
+    MKL picks a VML function's code on its first call in a process. Threads that make that first
+    call together can get a less accurate variant: in a fresh process, 4 threads' first
+    ``torch.tanh(nn.Linear(…)(x))`` (02.4's case; tanh is MKL's ``vmsTanh``) differed from the same
+    calls made serially in 2 to 10 of 100 fresh processes (one tanh 3.8e-5 from float64's, where the
+    serial one is within 5e-8). A check that runs the learner's threads then failed an honest
+    answer, in the kernel or in the judge (each a process of its own). With one call of each function
+    here first, 0 of 500.
+    """
+    global _vml_warm
+    torch = sys.modules.get("torch")
+    if _vml_warm or torch is None:
+        return
+    _vml_warm = True
+    for dtype in (torch.float32, torch.float64):
+        x = torch.linspace(0.1, 0.9, 40, dtype=dtype)
+        with torch.no_grad():
+            for name in _VML_FUNCTIONS:
+                getattr(torch, name)(x)
+
+
 def run_cases(run: Callable, cases: list, seeds: list[int]) -> list:
     """Each case's value (or :class:`~.wire.Raised`), encoded as it comes (a later change to a
     returned tensor cannot alter it). Stops at the first ``NotImplementedError``, and at the first
@@ -372,6 +401,7 @@ def run_cases(run: Callable, cases: list, seeds: list[int]) -> list:
     from ..runtime import hide_check_frames    # here: the grader's own process never imports torch
     live = sys.modules.get("gpucourse.runtime.live_ranks")     # loaded wherever live ranks run
     checking = live.checking if live is not None else contextlib.nullcontext
+    _warm_vector_math()
     nodes = []
     for case, seed in zip(cases, seeds):
         _seed_everything(seed)
