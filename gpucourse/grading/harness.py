@@ -364,9 +364,11 @@ def _seed_everything(seed: int) -> None:
         np.random.seed(seed & 0xFFFFFFFF)
 
 
-#: torch functions whose float kernels call MKL's vector math (VML) on x86: see :func:`_warm_vector_math`
+#: torch functions whose float32 and float64 kernels call MKL's vector math (VML) on x86, see
+#: :func:`_warm_vector_math`: the 16 VML functions libtorch_cpu exports (vmsTanh, vmdLn, …), each seen
+#: called by its torch function under gdb (torch 2.14.1); log1p, lgamma and sigmoid call none
 _VML_FUNCTIONS = ("acos", "asin", "atan", "cos", "sin", "tan", "tanh", "erf", "erfc", "erfinv", "exp", "log",
-                  "log1p", "sqrt", "trunc", "lgamma", "sigmoid")
+                  "log10", "log2", "sqrt", "trunc")
 _vml_warm = False
 
 

@@ -28,14 +28,20 @@ called = []
 for name in harness._VML_FUNCTIONS:
     original = getattr(torch, name)
     setattr(torch, name, lambda *a, _f=original, _n=name, **k: (called.append(_n), _f(*a, **k))[1])
-seen = []
-harness.run_cases(lambda x: seen.append(sorted(set(called))) or x, [1, 2], [11, 12])
-print(json.dumps({"first": seen[0], "second": seen[1]}))
+seen, counts = [], []
+def case(x):
+    seen.append(sorted(set(called)))
+    counts.append(len(called))
+    return x
+harness.run_cases(case, [1, 2], [11, 12])
+harness.run_cases(case, [3], [13])
+print(json.dumps({"first": seen[0], "counts": counts}))
 """)
     seen = json.loads(out)
     from gpucourse.grading.harness import _VML_FUNCTIONS
     assert seen["first"] == sorted(_VML_FUNCTIONS), seen
-    assert seen["second"] == seen["first"]                  # once per process, not per call
+    # once per process: a second case, and a second run_cases, call none of them again
+    assert seen["counts"] == [2 * len(_VML_FUNCTIONS)] * 3, seen       # float32 and float64 each
 
 
 def test_the_warm_up_imports_no_torch_where_none_is_loaded():
