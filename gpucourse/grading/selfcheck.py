@@ -53,6 +53,7 @@ class CheckResult:
     public: str = ""  # the public cases file it was judged on ("": the course's solutions)
     hidden: str = ""  # the hidden checks' verdict with --hidden ("✓" / "✗"), else ""
     visible: bool | None = None   # the visible check alone (with --hidden; else ``passed``)
+    seed: int | None = None       # the seed the check's inputs were drawn from (None: the public cases)
 
 
 class PublicJudges(Judges):
@@ -273,7 +274,7 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
         note = {"edited": " (check cell was edited — restored)",
                 "deleted": " (check cell was deleted — put back)"}.get(r.restored, "")
         results.append(CheckResult(r.exercise, r.title + note, r.visible == "✓" and r.hidden != "✗", r.error,
-                                   public, r.hidden, r.visible == "✓"))
+                                   public, r.hidden, r.visible == "✓", None if public else judges.seed))
     for where, error in g.others:
         results.append(CheckResult(f"cell {where}", "(not a check cell)", False, error))
     if g.problem and all(r.passed for r in results):
@@ -288,11 +289,12 @@ def format_results(name: str, results: list[CheckResult]) -> str:
 
         >>> print(format_results("00_setup_exercises.ipynb", [
         ...     CheckResult("00.1", "sum over ranks", True),
-        ...     CheckResult("00.2", "mean of ranks", False, "NotImplementedError: Exercise 00.2")]))
+        ...     CheckResult("00.2", "mean of ranks", False, "00.2, case 3 of 9 — values differ", seed=7)]))
         00_setup_exercises.ipynb
           00.1  ✓  sum over ranks
-          00.2  ✗  mean of ranks — NotImplementedError: Exercise 00.2
+          00.2  ✗  mean of ranks — 00.2, case 3 of 9 — values differ
           1 of 2 checks pass — the visible checks on fresh inputs; your instructor's grader also runs hidden checks (check --hidden runs them here)
+          (inputs drawn from seed 7: the same inputs again with --seed 7)
         >>> print(format_results("00_setup_exercises.ipynb", [
         ...     CheckResult("00.1", "sum over ranks", True, hidden="✓"),
         ...     CheckResult("00.2", "mean of ranks", False, "hidden check of 00.2, case 3 of 40 — …", hidden="✗",
@@ -323,6 +325,11 @@ def format_results(name: str, results: list[CheckResult]) -> str:
     else:
         lines.append(f"  {passed} of {len(results)} checks pass — the visible checks on fresh inputs; your "
                      "instructor's grader also runs hidden checks (check --hidden runs them here)")
+    # a failure the inputs can matter to (not an exercise left unsolved) names its seed, to replay it
+    seed = next((r.seed for r in results if r.seed is not None and not r.passed
+                 and ": not implemented yet (" not in r.error), None)
+    if seed is not None:
+        lines.append(f"  (inputs drawn from seed {seed}: the same inputs again with --seed {seed})")
     return "\n".join(lines)
 
 

@@ -66,6 +66,7 @@ def test_completed_notebook_passes(course):
     r = _check(course, _submission(course, "return x * x"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "98.1  ✓  square on random inputs" in r.stdout and "2 of 2 checks pass" in r.stdout
+    assert "seed" not in r.stdout                         # nothing to replay
 
 
 @pytest.mark.parametrize("body, error", [
@@ -79,6 +80,8 @@ def test_unfinished_or_wrong_notebook_fails_at_its_check(course, body, error):
     line = next(l for l in r.stdout.splitlines() if "98.1" in l)
     assert "✗" in line and error in line, line
     assert "98.2  ✓" in r.stdout                          # the other exercise is still graded
+    # a wrong answer's inputs can be replayed; an unsolved exercise's do not matter
+    assert ("(inputs drawn from seed" in r.stdout) == (error != "not implemented yet"), r.stdout
 
 
 def test_error_in_a_non_check_cell_is_reported(course):
@@ -127,11 +130,16 @@ def test_hanging_cell_is_stopped_by_the_cell_timeout_and_stored_outputs_do_not_c
 
 def test_same_seed_same_inputs(course):
     """A wrong answer that is right on some inputs: the failure names the seed, and that seed reproduces it."""
+    import re
+
     path = _submission(course, "return x * x if x % 3 else 0")
-    first = _check(course, path, args=["--seed", "5"])
-    again = _check(course, path, args=["--seed", "5"])
+    first = _check(course, path)                           # a seed of its own, as a learner runs it
+    found = re.search(r"\(inputs drawn from seed (\d+): the same inputs again with --seed \1\)", first.stdout)
+    assert first.returncode == 1 and found, first.stdout + first.stderr
+    again = _check(course, path, args=["--seed", found[1]])
     line = next(l for l in first.stdout.splitlines() if "98.1" in l)
-    assert line == next(l for l in again.stdout.splitlines() if "98.1" in l)
+    assert "98.1  ✗" in line and line == next(l for l in again.stdout.splitlines() if "98.1" in l), again.stdout
+    assert f"seed {found[1]}:" in again.stdout
 
 
 def test_check_says_it_ran_the_visible_checks_and_check_hidden_runs_the_hidden_ones(course):
