@@ -6,7 +6,11 @@ batch into 8 micro-batches of 256. Both sides run in processes started by `gc.la
 intra-op thread, so the only parallelism is the pipeline's. Per step the ideal speed-up of p stages and m micro-batches is p·m / (m + p − 1)
 = 16/9 ≈ 1.78 (the bubble (p−1)/(m+p−1) = 1/9 ≈ 11% of each stage's time is lost).
 
-The baseline and the two schedules run back to back in each of 3 rounds; the speed-up is the
+The ceiling: 2 processes, each running its stage's share of a step (forward and backward of the 8
+micro-batches, the SGD step) with no sends and no waiting for the other stage. Times the bubble's
+m/(m+p−1), it is the best a pipeline can reach on this machine; the target line prints the share.
+
+The baseline, the ceiling and the two schedules run back to back in each of 3 rounds; the speed-up is the
 median over rounds (of per-round ratios of median step times), the bubble the median over all timed
 steps. The script also reports how much CPU other programs used meanwhile: on a shared machine a
 busy neighbour makes the numbers meaningless.
@@ -19,6 +23,7 @@ Exit status: 0 when both targets are met, 1 when one is not (everything is print
 import functools
 import statistics
 import sys
+import time
 
 import torch
 
@@ -43,9 +48,42 @@ def sequential_worker(rank, world_size, x, y):
     return gc.train_sequential(make_model, x, y, steps=STEPS, lr=0.01)
 
 
+def stage_alone_worker(rank, world_size, x, y):
+    """The ceiling: each rank runs its stage's share of a step — forward and backward of every
+    micro-batch, the SGD step — with no sends, receives or waits for the other stage. What two
+    processes reach on this machine before any pipeline bubble; the slowest rank's time per step."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    stage = gc.split_sequential(make_model(), world_size)[rank]
+    opt = torch.optim.SGD(stage.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(rank)
+    xs = (x if rank == 0 else torch.randn(x.shape[0], WIDTH, generator=g)).chunk(CHUNKS)
+    grads = torch.randn(BATCH // CHUNKS, WIDTH, generator=g)         # what stage 0 would receive
+    times = []
+    for _ in range(STEPS):
+        dist.barrier()
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        for xi, yi in zip(xs, y.chunk(CHUNKS)):
+            xi = xi if rank == 0 else xi.requires_grad_()               # a later stage sends its input's grad
+            out = stage(xi)
+            if rank == world_size - 1:
+                (F.cross_entropy(out, yi) / CHUNKS).backward()
+            else:
+                out.backward(grads)
+        opt.step()
+        elapsed = torch.tensor([time.perf_counter() - start])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        times.append(elapsed.item())
+    return times
+
+
 def one_round(x, y):
     """Baseline and both schedules, back to back: ratios within a round share the machine's state."""
     ref = gc.launch(functools.partial(sequential_worker, x=x, y=y), 1, timeout=300)[0]
+    ref["ceiling_times"] = gc.launch(functools.partial(stage_alone_worker, x=x, y=y), STAGES, timeout=300)[0]
     # measure_activations=False: no Python hook on every saved tensor (the baseline has none either)
     runs = {s: gc.run_pipeline(make_model, x, y, num_stages=STAGES, schedule=s, chunks=CHUNKS,
                                steps=STEPS, lr=0.01, timeout=300, measure_activations=False)
@@ -76,6 +114,13 @@ def main():
     print(gc.format_comparison(t_seq, *timings.values()))
 
     ideal = gc.bubble_fraction(STAGES, CHUNKS)
+    t_alone = pooled(f"{STAGES} processes, a stage each, no sends", lambda ref, runs: ref["ceiling_times"])
+    alone = statistics.median(gc.speedup(gc.Timing("", ref["step_times"][WARMUP:]),
+                                         gc.Timing("", ref["ceiling_times"][WARMUP:])) for ref, runs in rounds)
+    ceiling = alone * (1 - ideal)
+    print(f"{t_alone.name}: {alone:.2f}x (median over rounds) — with the schedule's bubble (p-1)/(m+p-1) the "
+          f"best a {STAGES}-stage pipeline can reach on this machine is {alone:.2f} x {1 - ideal:.3f} = "
+          f"{ceiling:.2f}x (this run's ceiling)")
     ok_all = True
     for s, timing in timings.items():
         per_round = [gc.speedup(gc.Timing("", ref["step_times"][WARMUP:]),
@@ -94,7 +139,8 @@ def main():
             met_speed, met_bubble = ratio >= 1.5, err <= 0.25
             ok_all = met_speed and met_bubble
             print(f"target: GPipe 2-stage/8-micro-batch throughput >= 1.5x: "
-                  f"{'MET' if met_speed else 'NOT MET'} ({ratio:.2f}x); measured bubble within 25% "
+                  f"{'MET' if met_speed else 'NOT MET'} ({ratio:.2f}x, {ratio / ceiling:.0%} of the ceiling "
+                  f"{ceiling:.2f}x); measured bubble within 25% "
                   f"of {ideal:.3f}: {'MET' if met_bubble else 'NOT MET'} ({bubble:.3f})")
     if machine0 is not None:
         foreign = (machine1 - machine0) - (own1 - own0)
