@@ -33,9 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET = 1.5
 
 
-def _torchrun(folder, steps, every, batch, size, *extra, restarts=0):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           f"--max-restarts={restarts}", str(ROOT / "scripts" / "train_elastic.py"),
+def _train_elastic(launcher, folder, steps, every, batch, size, *extra):
+    """Run ``scripts/train_elastic.py`` under ``launcher`` (Python's arguments before the script:
+    torchrun's, or none for one worker alone); (seconds, its ``final loss`` lines, the run)."""
+    cmd = [sys.executable, *launcher, str(ROOT / "scripts" / "train_elastic.py"),
            "--checkpoint-dir", str(folder), "--steps", str(steps), "--checkpoint-every", str(every),
            "--batch-size", str(batch), "--size", str(size), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -45,15 +46,15 @@ def _torchrun(folder, steps, every, batch, size, *extra, restarts=0):
     return time.perf_counter() - start, final, out
 
 
+def _torchrun(folder, steps, every, batch, size, *extra, restarts=0):
+    return _train_elastic(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           f"--max-restarts={restarts}"], folder, steps, every, batch, size, *extra)
+
+
 def _one_worker_start(folder, batch, size) -> float:
     """Seconds for one worker of ``train_elastic.py`` alone — Python, torch, its group, the model,
     the data, one step — without torchrun: what a restart pays again at the least."""
-    cmd = [sys.executable, str(ROOT / "scripts" / "train_elastic.py"), "--checkpoint-dir", str(folder),
-           "--steps", "1", "--checkpoint-every", "5", "--batch-size", str(batch), "--size", str(size)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    start = time.perf_counter()
-    subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=True)
-    return time.perf_counter() - start
+    return _train_elastic([], folder, 1, 5, batch, size)[0]
 
 
 def _dcp(rank, world_size, folder, width):

@@ -111,10 +111,10 @@ def main():
     t_seq = pooled("1 process, whole model", lambda ref, runs: ref["step_times"])
     timings = {s: pooled(f"{STAGES} stages, {CHUNKS} micro-batches, {s}",
                          lambda ref, runs, s=s: runs[s].step_times) for s in ("gpipe", "1f1b")}
-    print(gc.format_comparison(t_seq, *timings.values()))
+    t_alone = pooled(f"{STAGES} processes, a stage each, no sends", lambda ref, runs: ref["ceiling_times"])
+    print(gc.format_comparison(t_seq, *timings.values(), t_alone))
 
     ideal = gc.bubble_fraction(STAGES, CHUNKS)
-    t_alone = pooled(f"{STAGES} processes, a stage each, no sends", lambda ref, runs: ref["ceiling_times"])
     alone = statistics.median(gc.speedup(gc.Timing("", ref["step_times"][WARMUP:]),
                                          gc.Timing("", ref["ceiling_times"][WARMUP:])) for ref, runs in rounds)
     ceiling = alone * (1 - ideal)
