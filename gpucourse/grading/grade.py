@@ -834,6 +834,9 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
         hidden_ok = all(r["passed"] for r in hid) if hid else None
         flag = "missing" if slot.missing else "deleted" if slot.deleted else "edited" if slot.edited else ""
         error = vis["error"] or next((r["error"] for r in hid if not r["passed"]), "")
+        # the exercise is left unsolved (the judge's verdict, not its wording): its inputs do not matter
+        unsolved = vis.get("unsolved", False) if not vis["passed"] else \
+            next((r.get("unsolved", False) for r in hid if not r["passed"]), False)
         for hit in record.get("limits_hit", []):            # a limit the notebook hit is named in its rows
             if error and hit not in error:
                 error = f"{error} ({hit})"
@@ -842,7 +845,7 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
                         "" if hidden_ok is None else "✓" if hidden_ok else "✗",
                         earned(slot.points, vis["passed"], hidden_ok), slot.points,
                         round(vis["seconds"] + sum(r["seconds"] for r in hid), 3), error, flag, "graded",
-                        message))
+                        message, unsolved=unsolved))
     return Graded(sub, rows, "graded", others, problem, record)
 
 
@@ -944,6 +947,7 @@ def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: d
         return out
     verdict = judges.compare(chapter, slot.key, values, submission)
     out["passed"] = bool(verdict.get("passed"))
+    out["unsolved"] = not out["passed"] and verdict.get("not_implemented") is True
     if not out["passed"]:
         message = verdict.get("message") or verdict.get("error") or "failed"
         out["error"] = message.strip().splitlines()[0]

@@ -128,6 +128,8 @@ class Row:
     message: str = ""        # the judge's full message (feedback only; never a hidden check's source)
     note: str = ""           # how the notebook was matched ("homework.ipynb: chapter 02 by its exercise
                              # ids"): in the student's line of the table and the feedback, not a column
+    unsolved: bool = False   # failed because the exercise is not implemented yet (the judge says so):
+                             # its inputs do not matter, so check names no seed for it; not a column
 
     def __post_init__(self):
         # a student's exception or value can be megabytes long: cut once, for every output
@@ -136,7 +138,7 @@ class Row:
         self.note = cut(self.note, ERROR_LIMIT)
 
 
-COLUMNS = [f for f in Row.__dataclass_fields__ if f not in ("message", "note")]
+COLUMNS = [f for f in Row.__dataclass_fields__ if f not in ("message", "note", "unsolved")]
 TOTALS_COLUMNS = ["student", "points", "max", "percent"]
 
 

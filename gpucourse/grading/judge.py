@@ -286,11 +286,13 @@ class Judge:
             return self._verdict(False, f"{name}: the values sent by the notebook could not be read ({e})",
                                  spec, seed)
         if gots and isinstance(gots[0], wire.Raised) and gots[0].not_implemented:
-            return {"passed": False, "message": f"{spec.exercise}: not implemented yet ({gots[0]})"}
+            return {"passed": False, "message": f"{spec.exercise}: not implemented yet ({gots[0]})",
+                    "not_implemented": True}
         wants = wire.loads(self.reference(slot, seed))
         for got, want in zip(gots, wants):                # the run stops at a NotImplementedError
             if isinstance(got, wire.Raised) and got.not_implemented and not isinstance(want, wire.Raised):
-                return self._verdict(False, f"{spec.exercise}: not implemented yet ({got})", spec, seed, hint=False)
+                return {**self._verdict(False, f"{spec.exercise}: not implemented yet ({got})", spec, seed,
+                                        hint=False), "not_implemented": True}
         stopped = (0 < len(gots) < len(cases) and len(gots) <= len(wants) and isinstance(gots[-1], wire.Raised)
                    and not isinstance(wants[len(gots) - 1], wire.Raised))   # ranks that hung end the run
         if len(gots) < len(cases) and not stopped:

@@ -54,6 +54,7 @@ class CheckResult:
     hidden: str = ""  # the hidden checks' verdict with --hidden ("✓" / "✗"), else ""
     visible: bool | None = None   # the visible check alone (with --hidden; else ``passed``)
     seed: int | None = None       # the seed the check's inputs were drawn from (None: the public cases)
+    unsolved: bool = False        # failed as "not implemented yet" (the judge's verdict): no seed to replay
 
 
 class PublicJudges(Judges):
@@ -274,7 +275,8 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
         note = {"edited": " (check cell was edited — restored)",
                 "deleted": " (check cell was deleted — put back)"}.get(r.restored, "")
         results.append(CheckResult(r.exercise, r.title + note, r.visible == "✓" and r.hidden != "✗", r.error,
-                                   public, r.hidden, r.visible == "✓", None if public else judges.seed))
+                                   public, r.hidden, r.visible == "✓", None if public else judges.seed,
+                                   r.unsolved))
     for where, error in g.others:
         results.append(CheckResult(f"cell {where}", "(not a check cell)", False, error))
     if g.problem and all(r.passed for r in results):
@@ -326,8 +328,7 @@ def format_results(name: str, results: list[CheckResult]) -> str:
         lines.append(f"  {passed} of {len(results)} checks pass — the visible checks on fresh inputs; your "
                      "instructor's grader also runs hidden checks (check --hidden runs them here)")
     # a failure the inputs can matter to (not an exercise left unsolved) names its seed, to replay it
-    seed = next((r.seed for r in results if r.seed is not None and not r.passed
-                 and ": not implemented yet (" not in r.error), None)
+    seed = next((r.seed for r in results if r.seed is not None and not r.passed and not r.unsolved), None)
     if seed is not None:
         lines.append(f"  (inputs drawn from seed {seed}: the same inputs again with --seed {seed})")
     return "\n".join(lines)
