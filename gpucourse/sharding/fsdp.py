@@ -43,6 +43,7 @@ import inspect
 import math
 import os
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -402,6 +403,7 @@ def _check_shards_at_step(optimizer, args, kwargs) -> None:
               if isinstance(p, _FlatShard) and getattr(p, "_group", False) is not False]
     if not shards:
         return
+    _check_element_wise_once(optimizer, shards[0])
     ratios = []
     for p in shards:
         written = getattr(p, "_written", None)
@@ -454,6 +456,37 @@ def _check_shards_at_step(optimizer, args, kwargs) -> None:
             "of its own shards and the ranks would train differently from DDP and from each other. Clip with "
             "model.clip_grad_norm_(max_norm) instead: the global norm, as FSDP1's "
             "FullyShardedDataParallel.clip_grad_norm_.")
+
+
+#: optimizers of shards whose rule was found element-wise (:func:`_check_element_wise_once`)
+_element_wise: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def _check_element_wise_once(optimizer, like: torch.Tensor) -> None:
+    """At an optimizer's first step on shards: refuse a rule that does not update each element on its
+    own (``ValueError``), as :class:`~gpucourse.ZeroOptimizer` does at construction — a shard is a 1-D
+    slice across a unit's parameters, so Adafactor (factored moments of a matrix) trained 5e-3 away
+    from DDP + Adafactor in 3 steps, and LBFGS (dot products over one rank's shard) 0.8, without an
+    error. Each group's options (those the class takes, ``optimizer.defaults``) are probed once. An
+    optimizer whose class cannot be built again from its own options (not a ``torch.optim`` one) is
+    not probed."""
+    if optimizer in _element_wise:
+        return
+    from .zero_bookkeeping import check_element_wise
+
+    cls, probed = type(optimizer), set()
+    for g in optimizer.param_groups:
+        options = {k: v for k, v in g.items() if k in optimizer.defaults}
+        key = repr(sorted(options.items()))
+        if key in probed:
+            continue
+        probed.add(key)
+        try:
+            cls([nn.Parameter(torch.zeros(1))], **options)
+        except (TypeError, ValueError):
+            continue
+        check_element_wise(cls, options, like, who="gc.FullyShardedModule")
+    _element_wise.add(optimizer)
 
 
 _clip_check_installed = False

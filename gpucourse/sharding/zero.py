@@ -198,6 +198,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._used: dict[int, bool] = {}          # id(param) -> had a gradient (on some rank) in every step
         self._averaged = False                    # clip_grad_norm_ already averaged this step's gradients
         self._stepped = False                     # stage 2: step() ran and zero_grad() did not yet
+        self._reduced = False                     # stage 2: a backward was reduced into the shard since step()
         self._end = EndOfBackward(_weakly(self, ZeroOptimizer._end_of_backward))   # stage 2: each backward's end
         self._last_used: list[bool] | None = None
         self._build()
@@ -307,6 +308,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self.stage == 2:                       # keep only the shard's gradient
             for p in self.params:
                 p.grad = None
+            self._reduced = True
         self._ready.clear()
 
     def _grad_ready(self, param) -> None:
@@ -368,12 +370,23 @@ class ZeroOptimizer(torch.optim.Optimizer):
         else:
             has = [id(p) in self._got_grad or p.grad is not None for p in self.params]
         factor = self._scaled_since_backward()
-        flags = torch.tensor([float(h) for h in has] + [factor, -factor], dtype=torch.float64,
+        # stage 2: gradients in the model's .grad after backward's hooks reduced them all into the
+        # shard (and set .grad to None) were written by someone else since: a DDP wrapper's average
+        late = self.stage == 2 and self._reduced and not self._ready and any(p.grad is not None for p in self.params)
+        flags = torch.tensor([float(h) for h in has] + [float(late), factor, -factor], dtype=torch.float64,
                              device=self.flat.device)
         if self.world_size > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
-        *used, hi, lo = flags.tolist()
+        *used, late, hi, lo = flags.tolist()
         used, lo = [bool(u) for u in used], -lo
+        if late:
+            raise RuntimeError(
+                "ZeroOptimizer(stage=2).step() found gradients in the model's .grad (on some rank) that were "
+                "written after backward had reduced this step's gradients into the optimizer's shard and set "
+                ".grad to None: a DDP wrapper (torch's DistributedDataParallel, gc.MiniDDP with buckets) "
+                "averages the gradients itself and writes them back at the end of backward, and adding them "
+                "too would count every gradient twice. ZeroOptimizer averages the gradients itself: use it on "
+                "the unwrapped model, or stage=1 inside DDP (as torch's ZeroRedundancyOptimizer).")
         if hi - lo > 1e-5 * max(abs(hi), abs(lo)):
             raise RuntimeError(
                 f"the gradients were scaled between backward() and ZeroOptimizer's step() by factors from "
@@ -428,7 +441,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._restore_unused(kept)
         _all_gather_flat(self.flat, self.group)
         self._consolidated = None
-        self._stepped = True
+        self._stepped, self._reduced = True, False
         return loss
 
     def _keep_unused(self, used: list[bool] | None) -> list:
@@ -545,7 +558,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         backward, which ``step()`` then copies into the buffer.
         """
         self.shard.grad = None
-        self._stepped = self._averaged = False
+        self._stepped = self._averaged = self._reduced = False
         for piece, _ in self._pieces:
             if piece is not None:
                 piece.grad = None

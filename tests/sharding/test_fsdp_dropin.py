@@ -935,3 +935,45 @@ def test_torchs_multihead_attention_trains_with_the_default_units_as_ddp_and_fsd
         for k, v in ddp.items():
             torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
             torch.testing.assert_close(state[k], fsdp2[k], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def _optimizer_of_shards(rank, world_size, name):
+    """Two steps of ``torch.optim.<name>`` on FullyShardedModule's shards (a closure, as LBFGS needs):
+    ``(the full state dict before, after, the error the first step raised or "")``."""
+    model = gc.FullyShardedModule(make_model())
+    kwargs = {"Adafactor": {"lr": 0.01}, "LBFGS": {"lr": 0.5, "max_iter": 4}}.get(name, {"lr": 0.01})
+    opt = getattr(torch.optim, name)(model.parameters(), **kwargs)
+    before = _full(model)
+    x, y = batch(0, rank, world_size)
+
+    def closure():
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    try:
+        for _ in range(2):
+            opt.step(closure)
+    except ValueError as e:
+        return before, _full(model), str(e)
+    return before, _full(model), ""
+
+
+@pytest.mark.parametrize("name, why", [
+    ("Adafactor", "does not update each element on its own"),
+    ("LBFGS", "missing 1 required positional argument: 'closure'"),
+    ("AdamW", ""),
+])
+def test_an_optimizer_that_is_not_element_wise_is_refused_at_its_first_step(name, why):
+    """A shard is a 1-D slice across a unit's parameters: Adafactor on shards trained 5e-3 away from
+    DDP + Adafactor in 3 steps, and LBFGS (dot products over one rank's shard) 0.8, with no error
+    (found 2026-12-07; FSDP2 refuses both, and ZeroOptimizer refused them at construction). Now the
+    first step refuses them on every rank before it changes a parameter, naming what to use."""
+    for rank, (before, after, error) in enumerate(gc.launch(_optimizer_of_shards, 2, args=(name,), timeout=120)):
+        if not why:
+            assert error == "" and not torch.equal(before["0.weight"], after["0.weight"]), (rank, error)
+            continue
+        assert f"gc.FullyShardedModule cannot shard {name}" in error and why in error, (rank, error)
+        assert "DDP" in error, error
+        assert all(torch.equal(before[k], after[k]) for k in before), rank

@@ -628,3 +628,66 @@ def test_batch_norm_buffers_are_each_ranks_own_where_ddp_broadcasts_rank_0s(stag
             if k not in buffers or rank == 0:
                 assert torch.equal(ours[rank][k], v), (rank, k)
     assert not torch.equal(ours[1]["1.running_mean"], ddp[1]["1.running_mean"])
+
+
+def _inside_a_wrapper(rank, world_size, wrapper, stage):
+    """One step of ZeroOptimizer (or torch's ZeroRedundancyOptimizer, ``stage=0``) on a wrapped model:
+    ``(the parameters before and after, the error step() raised or "")``."""
+    model = make_model()
+    net = DDP(model) if wrapper == "ddp" else gc.MiniDDP(model, bucket_cap_mb=25)
+    opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.SGD, lr=0.1) if stage == 0 \
+        else gc.ZeroOptimizer(net.parameters(), torch.optim.SGD, stage=stage, lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batch(0, rank, world_size)
+    F.mse_loss(net(x), y).backward()
+    error = ""
+    try:
+        opt.step()
+    except RuntimeError as e:
+        error = str(e)
+    return before, [p.detach().clone() for p in model.parameters()], error
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "mini_ddp"])
+def test_stage_2_inside_a_ddp_wrapper_is_refused_and_stage_1_trains_as_torch(wrapper):
+    """A DDP wrapper averages the gradients and writes them into ``.grad`` at the end of backward,
+    after stage 2's hooks had reduced them into the shard: step() added them a second time, and
+    every parameter but one moved twice as far as with torch's ZeroRedundancyOptimizer, with no error
+    (found 2026-12-07). Now step() refuses on every rank before it changes anything; stage 1, whose
+    average of DDP's averages is the same average, steps as torch's ZeroRedundancyOptimizer."""
+    torch_zero = gc.launch(_inside_a_wrapper, 2, args=(wrapper, 0), timeout=120)
+    for rank, (before, after, error) in enumerate(gc.launch(_inside_a_wrapper, 2, args=(wrapper, 2), timeout=120)):
+        assert "found gradients in the model's .grad" in error and "stage=1 inside DDP" in error, (rank, error)
+        assert all(torch.equal(a, b) for a, b in zip(before, after)), rank
+    for (_, want, _), (_, got, error) in zip(torch_zero, gc.launch(_inside_a_wrapper, 2, args=(wrapper, 1),
+                                                                     timeout=120)):
+        assert error == ""
+        for a, b in zip(want, got):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_an_element_wise_optimizer_of_half_precision_parameters_is_not_refused(dtype):
+    """The probe of :func:`check_element_wise` steps 1-D slices and whole matrices; in bf16 a kernel
+    rounds an element in a vector's tail otherwise than in its body, and SGD + momentum was refused as
+    "not element-wise" (0.002 apart). The rule is what is asked about: the probe runs in float32, and
+    Adafactor is still refused."""
+    from gpucourse.sharding.zero_bookkeeping import check_element_wise
+
+    like = torch.zeros(2, dtype=dtype)
+    for optimizer_class, kwargs in ((torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}), (torch.optim.AdamW, {"lr": 0.1})):
+        check_element_wise(optimizer_class, kwargs, like)
+    with pytest.raises(ValueError, match="cannot shard Adafactor"):
+        check_element_wise(torch.optim.Adafactor, {"lr": 0.01}, like)
+    for moved in gc.launch(_half_step, 2, args=(dtype,), timeout=120):
+        assert moved > 0
+
+
+def _half_step(rank, world_size, dtype):
+    model = make_model().to(dtype)
+    opt = gc.ZeroOptimizer(model.parameters(), torch.optim.SGD, lr=0.1, momentum=0.9)
+    before = model[0].weight.detach().clone()
+    x, y = batch(0, rank, world_size)
+    F.mse_loss(model(x.to(dtype)), y.to(dtype)).backward()
+    opt.step()
+    return (model[0].weight.detach() - before).abs().max().item()
