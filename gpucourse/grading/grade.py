@@ -720,7 +720,12 @@ def forbidden_uses(sources: list[str], forbid: list[str]) -> list[str]:
     for src in sources:
         try:
             tree = ast.parse(src)
-        except SyntaxError:
+        except (SyntaxError, ValueError):               # it cannot run either (null bytes: ValueError)
+            continue
+        except (RecursionError, MemoryError):
+            # nested too deep for the grader's parser (60,000 terms of one sum): every word of the
+            # source counts, comments and strings too — a cell the scan cannot read hides nothing
+            found.update(wanted[w] for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", src) if w in wanted)
             continue
         for node in ast.walk(tree):
             names = []
@@ -1182,7 +1187,13 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
                 g = grade_notebook(sub, releases, judges=judges, hidden=hidden, options=options, mode=mode,
                                    expected=expected, work_root=Path(root))
             except Exception as e:  # noqa: BLE001 - one odd notebook is a row, never a crash
-                g = _bad(sub, "unreadable", f"could not be graded: {type(e).__name__}: {e}")
+                # worth 0 of its chapter's points, as any submission that could not be graded
+                # (without the release: 0 of 0, and the chapter dropped out of the student's total)
+                try:
+                    release = _release_by_name(sub, releases, expected) if sub.carries else None
+                except Exception:  # noqa: BLE001
+                    release = None
+                g = _bad(sub, "unreadable", f"could not be graded: {type(e).__name__}: {e}", release)
             for r in g.rows:
                 r.note = cut(sub.note, ERROR_LIMIT)
             g.span = (round(began, 3), round(time.monotonic() - started, 3))

@@ -259,9 +259,19 @@ def reachable(names: set[str]) -> set[str]:
     return found
 
 
-def chapter_needs(nb) -> tuple[set[str], dict[str, set[str]]]:
-    """(what the set-up needs, exercise → what its section needs): the ``gc.*`` helpers the
-    solutions notebook's code names, as ``gc.X`` or imported from the package, and all they reach."""
+def chapter_needs(nb) -> tuple[set[str], dict[str, set[str]], dict[str, set[str]]]:
+    """(what the set-up needs, exercise → what its section needs, exercise → what its section needs
+    up to its check): the ``gc.*`` helpers the kernel's code of the solutions notebook names, as
+    ``gc.X`` or imported from the package, and all they reach.
+
+    The kernel's code: a hidden check's cell never runs there (the grader runs its cases with the
+    visible check's ``run``), and in a check cell the functions passed as ``cases``, ``compare`` and
+    ``describe`` run in the judge only (:func:`kernel_code`). Counting them kept 07.4's forbidden
+    ``gc.one_f_one_b_schedule`` in the graded build (its ``cases`` draws schedules with it), and a
+    public wrapper (``gc.make_schedule``) reached it past the kernel's gate. What an exercise needs
+    *up to its check* is what its own stripped run executes (that run ends at the check): a cell
+    after 05.6's check that fits a link model kept ``gc.ring_all_reduce_time``, which 05.6 forbids.
+    """
     from .exercises import EXERCISE_HEADING
 
     import gpucourse
@@ -269,17 +279,68 @@ def chapter_needs(nb) -> tuple[set[str], dict[str, set[str]]]:
     candidates = {f"gc.{n}" for n in dir(gpucourse) if not n.startswith("_")}
     setup: list[str] = []
     sections: dict[str, list[str]] = {}
-    current = None
+    at_check: dict[str, list[str]] = {}
+    current, checked = None, set()
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             ids = [m["id"] for m in EXERCISE_HEADING.finditer(cell.source)]
             if ids:
                 current = ids[0]
             continue
-        if cell.cell_type == "code":
-            (sections.setdefault(current, []) if current else setup).append(cell.source)
-    direct = {e: _named_as_gc(srcs, candidates) for e, srcs in sections.items()}
-    return reachable(_named_as_gc(setup, candidates)), {e: reachable(n) for e, n in direct.items()}
+        if cell.cell_type != "code":
+            continue
+        tags = cell.metadata.get("tags", [])
+        if "hidden" in tags:
+            continue
+        source = kernel_code(cell.source) if "check" in tags else cell.source
+        if not current:
+            setup.append(source)
+            continue
+        sections.setdefault(current, []).append(source)
+        if current not in checked:
+            at_check.setdefault(current, []).append(source)
+        if "check" in tags:
+            checked.add(current)
+    return (reachable(_named_as_gc(setup, candidates)),
+            {e: reachable(_named_as_gc(srcs, candidates)) for e, srcs in sections.items()},
+            {e: reachable(_named_as_gc(srcs, candidates)) for e, srcs in at_check.items()})
+
+
+#: the arguments of a check whose functions run in the judge, never in the kernel
+JUDGE_ONLY = {"check_exercise": (2, ("cases", "compare", "describe")),
+              "check_hidden": (1, ("cases", "compare", "describe"))}
+
+
+def kernel_code(source: str) -> str:
+    r"""A check cell's code without the functions only the judge calls: those it passes to
+    ``gc.check_exercise`` / ``gc.check_hidden`` as ``cases``, ``compare`` or ``describe``.
+
+        >>> print(kernel_code("def cases(rng):\n    yield gc.one_f_one_b_schedule(2, 4)\n\n"
+        ...                   "def run(p):\n    return f(p)\n\ngc.check_exercise('07.4', run, cases)"))
+        def run(p):
+            return f(p)
+        gc.check_exercise('07.4', run, cases)
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return source
+    judge_only = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+        if name not in JUDGE_ONLY:
+            continue
+        at, keywords = JUDGE_ONLY[name]
+        passed = node.args[at:at + 1] + [k.value for k in node.keywords if k.arg in keywords]
+        judge_only |= {a.id for a in passed if isinstance(a, ast.Name)}
+    kept = [n for n in tree.body if not (isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                          and n.name in judge_only)]
+    if len(kept) == len(tree.body):
+        return source
+    tree.body = kept
+    return ast.unparse(tree)
 
 
 def _named_as_gc(sources: list[str], candidates: set[str]) -> set[str]:
@@ -312,7 +373,7 @@ def plan_for(nb, specs: dict, submitted: dict[str, list[str]] | None = None) -> 
     """
     if id(nb) not in _NEEDS:
         _NEEDS[id(nb)] = chapter_needs(nb)
-    setup, needs = _NEEDS[id(nb)]
+    setup, needs, at_check = _NEEDS[id(nb)]
     needs = {e: set(n) for e, n in needs.items()}
     import gpucourse
 
@@ -322,8 +383,9 @@ def plan_for(nb, specs: dict, submitted: dict[str, list[str]] | None = None) -> 
         if spec.kind != "visible":
             continue
         names = {n for n in spec.forbid if strippable(n)}
-        # what the set-up or the exercise's own check needs cannot be stripped while it runs
-        keep = names & (setup | needs.get(spec.exercise, set()))
+        # what the set-up or the exercise's own section up to its check needs cannot be stripped
+        # while it runs (its stripped run ends at the check)
+        keep = names & (setup | at_check.get(spec.exercise, set()))
         forbids[spec.exercise] = names - keep
         gated[spec.exercise] = sorted(keep | {n for n in spec.forbid if not strippable(n)})
     for exercise, sources in (submitted or {}).items():

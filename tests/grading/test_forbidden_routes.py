@@ -126,6 +126,66 @@ def test_the_learners_self_check_meets_the_same_build(route, tmp_path):
     assert not results["00.2"].passed and "off limits" in results["00.2"].error, results["00.2"]
 
 
+#: chapter → (the answer cell's first line, a wrong answer that reaches the forbidden helper through a
+#: public course function that calls it): the helper stayed in the graded build — 07.4's ``cases``
+#: (judge-only) and a cell after 05.6's check named it — and the kernel's gate lets course code call
+#: it, so both scored full marks, visible and hidden (found 2026-12-07)
+WRAPPED = {
+    "07": ("def one_f_one_b(stage, p, m)", """def one_f_one_b(stage, p, m):
+    return [str(op) for op in gc.make_schedule("1f1b", p, m).ops[stage]]
+
+
+def peak_in_flight(ops):
+    live = peak = 0
+    for op in ops:
+        live += 1 if op.startswith("F") else -1
+        peak = max(peak, live)
+    return peak"""),
+    "05": ("def collective_time(", """def collective_time(kind, nbytes, world_size, alpha, beta):
+    if kind not in ("reduce_scatter", "all_gather", "all_reduce"):
+        raise ValueError(f"unknown collective {kind!r}")
+    if world_size == 1:
+        return 0.0
+    link = gc.AlphaBeta(alpha, beta if nbytes else 0.0)
+    t = gc.parallelism_comm(1, 1, 1, 1, params=max(nbytes, 1), degree=world_size, dtype_bytes=1,
+                            links={"l": link})[1]["l"]
+    return t if kind == "all_reduce" else t / 2"""),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_forbidden_helper_reached_through_a_course_wrapper_scores_zero(tmp_path):
+    subs = tmp_path / "subs"
+    for chapter, (first_line, answer) in WRAPPED.items():
+        nb, name = _release(chapter)
+        cell = next(c for c in nb.cells if c.source.startswith(first_line))
+        cell.source = answer
+        (subs / chapter).mkdir(parents=True)
+        nbformat.write(nb, subs / chapter / name)
+    out = tmp_path / "g.json"
+    grade([str(subs)], release=str(ROOT / "exercises"), hidden_from=str(ROOT / "solutions"), workers=2,
+          json_path=str(out), quiet=True, options=Options(cell_timeout=120, notebook_timeout=300))
+    rows = {(r["student"], r["exercise"]): r for r in json.loads(out.read_text())["rows"]}
+    for chapter, exercise in (("07", "07.4"), ("05", "05.6")):
+        row = rows[(chapter, exercise)]
+        assert row["points"] == 0 and row["visible"] == "✗", row
+        assert "off limits" in row["error"] or "ForbiddenCall" in row["error"], row["error"]
+
+
+def test_judge_only_code_of_a_check_is_not_what_the_kernel_needs():
+    """Only the kernel's code keeps a forbidden helper in the graded build: not a check's ``cases``,
+    ``compare`` or ``describe`` (run by the judge), not a hidden check's cell, and for the exercise's
+    own run not the cells after its check (that run ends there)."""
+    from gpucourse.grading.graded_build import chapter_needs
+
+    for chapter, exercise, helper in (("07", "07.4", "gc.one_f_one_b_schedule"), ("05", "05.6", "gc.ring_all_reduce_time")):
+        nb = nbformat.read(next((ROOT / "solutions").glob(f"{chapter}_*.ipynb")), as_version=4)
+        setup, whole, at_check = chapter_needs(nb)
+        assert helper not in setup | at_check[exercise], (chapter, exercise)
+    assert "gc.ring_all_reduce_time" in whole["05.6"]          # the cell after 05.6's check uses it
+
+
 def test_the_build_keeps_nothing_of_a_stripped_helper(tmp_path):
     """The copy's source has no body, docstring or bytecode of the helper; the rest still imports."""
     import subprocess

@@ -357,3 +357,24 @@ def test_the_release_notebooks_say_what_checks_a_notebook_anywhere():
         assert "run `gc.check_this_notebook()` in a cell of it. That works wherever the" in intro, path.name
         assert "your JupyterHub home" in intro and "In a checkout of\nthe course a terminal" in intro, path.name
         assert f"make check NB=exercises/{path.name}" in intro, path.name
+
+
+def test_a_notebook_the_grader_fails_on_is_worth_0_of_its_chapters_points(tiny_release, tmp_path, monkeypatch):
+    """Where grading a notebook raises inside the grader (a parser's RecursionError did, on a cell of
+    60,000 terms), the notebook is one "could not be graded" row per exercise, each worth 0 of its
+    points: it used to be one row worth 0 of 0, and the chapter left the student's total."""
+    from gpucourse.grading import grade as grade_module
+
+    def fails(sub, *args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(grade_module, "grade_notebook", fails)
+    rel, sol = tiny_release
+    subs = tmp_path / "subs"
+    tiny_submission(subs, "ann", "return x * x")
+    code, data, out = _grade([subs], rel, sol, json_path=tmp_path / "g.json", totals_path=str(tmp_path / "t.csv"))
+    assert code == 2, out
+    rows = _mine(data, "ann")
+    assert [(r["exercise"], r["points"], r["max"], r["status"]) for r in rows] == [("99.1", 0, 3, "unreadable")], rows
+    assert "could not be graded: RecursionError" in rows[0]["error"]
+    assert "ann,0,3,0" in (tmp_path / "t.csv").read_text()

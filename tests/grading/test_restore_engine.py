@@ -102,6 +102,18 @@ def test_forbidden_uses_are_found_through_aliases_and_strings():
         "gc.shard_size", "gc.zero_memory"]
 
 
+def test_a_cell_too_deep_for_the_parser_hides_no_forbidden_name_and_crashes_nothing():
+    """A sum of 60,000 terms made ``ast.parse`` raise RecursionError in the grader's own process: the
+    notebook's chapter was "could not be graded" and worth 0 of 0, so it left the student's total
+    (found 2026-12-07). Such a cell is now read word by word: a name in it counts."""
+    from gpucourse.grading.grade import forbidden_uses
+
+    deep = "_ = " + "+".join(["1"] * 60_000)
+    assert forbidden_uses([deep, "gc.launch(f, 2)"], ["gc.zero_memory"]) == []
+    assert forbidden_uses([deep + "\nf = gc.zero_memory"], ["gc.zero_memory", "gc.shard_size"]) == ["gc.zero_memory"]
+    assert forbidden_uses(["x = 1\0"], ["gc.zero_memory"]) == []          # null bytes: ValueError, cannot run
+
+
 def test_cells_are_primed_with_inputs_and_values_collected():
     """The engine hands a graded cell its inputs before it runs and takes its values after: whatever
     the cell prints or raises, only the values leave, as data."""
