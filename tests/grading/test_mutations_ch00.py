@@ -133,6 +133,12 @@ total = share.clone()
 dist.all_reduce(total)
 return share, total
 """,
+        # found 2026-12-07: one collective of one element satisfied the count, and the total was summed here
+        "a dummy collective, the total summed on each rank": """\
+share = values.tensor_split(world_size)[rank].sum()
+dist.all_reduce(torch.zeros(1, dtype=values.dtype))
+return share, values.sum()
+""",
         "the whole length all-reduced, not the share": """\
 part = torch.zeros_like(values)
 idx = torch.arange(len(values)).tensor_split(world_size)[rank]
