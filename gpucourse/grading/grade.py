@@ -1189,10 +1189,7 @@ def grade(paths: list[str], *, release: str | None = None, hidden_from: str | No
             except Exception as e:  # noqa: BLE001 - one odd notebook is a row, never a crash
                 # worth 0 of its chapter's points, as any submission that could not be graded
                 # (without the release: 0 of 0, and the chapter dropped out of the student's total)
-                try:
-                    release = _release_by_name(sub, releases, expected) if sub.carries else None
-                except Exception:  # noqa: BLE001
-                    release = None
+                release = _release_by_name(sub, releases, expected) if sub.carries else None
                 g = _bad(sub, "unreadable", f"could not be graded: {type(e).__name__}: {e}", release)
             for r in g.rows:
                 r.note = cut(sub.note, ERROR_LIMIT)

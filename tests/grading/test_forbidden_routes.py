@@ -92,24 +92,32 @@ def _subclass_03():
     return nb, name
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_every_route_to_a_forbidden_helper_scores_zero(tmp_path):
+def _graded_rows(tmp_path, notebooks: dict) -> dict:
+    """``grade --hidden`` over ``{student: (notebook, file name)}``: the rows by (student, exercise)."""
     subs = tmp_path / "subs"
-    notebooks = {f"00-{route}": _route_00(route) for route in ROUTES_00}
-    notebooks["03-subclass"] = _subclass_03()
     for student, (nb, name) in notebooks.items():
         (subs / student).mkdir(parents=True)
         nbformat.write(nb, subs / student / name)
     out = tmp_path / "g.json"
     grade([str(subs)], release=str(ROOT / "exercises"), hidden_from=str(ROOT / "solutions"), workers=2,
           json_path=str(out), quiet=True, options=Options(cell_timeout=120, notebook_timeout=300))
-    rows = {(r["student"], r["exercise"]): r for r in json.loads(out.read_text())["rows"]}
+    return {(r["student"], r["exercise"]): r for r in json.loads(out.read_text())["rows"]}
+
+
+def _assert_forbidden(row) -> None:
+    """The exercise scored 0 because its answer met the stripped helper."""
+    assert row["points"] == 0 and row["visible"] == "✗", row
+    assert "off limits" in row["error"] or "ForbiddenCall" in row["error"], row["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_route_to_a_forbidden_helper_scores_zero(tmp_path):
+    notebooks = {f"00-{route}": _route_00(route) for route in ROUTES_00}
+    notebooks["03-subclass"] = _subclass_03()
+    rows = _graded_rows(tmp_path, notebooks)
     for student in notebooks:
-        exercise = "03.3" if student.startswith("03") else "00.2"
-        row = rows[(student, exercise)]
-        assert row["points"] == 0 and row["visible"] == "✗", (student, row)
-        assert "off limits" in row["error"] or "ForbiddenCall" in row["error"], (student, row["error"])
+        _assert_forbidden(rows[(student, "03.3" if student.startswith("03") else "00.2")])
     # the exercises next to them, untouched and unsolved, are "not implemented" as ever
     assert rows[("00-thread_pool", "00.1")]["error"].startswith("00.1: not implemented yet")
 
@@ -156,21 +164,14 @@ def peak_in_flight(ops):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_forbidden_helper_reached_through_a_course_wrapper_scores_zero(tmp_path):
-    subs = tmp_path / "subs"
+    notebooks = {}
     for chapter, (first_line, answer) in WRAPPED.items():
         nb, name = _release(chapter)
-        cell = next(c for c in nb.cells if c.source.startswith(first_line))
-        cell.source = answer
-        (subs / chapter).mkdir(parents=True)
-        nbformat.write(nb, subs / chapter / name)
-    out = tmp_path / "g.json"
-    grade([str(subs)], release=str(ROOT / "exercises"), hidden_from=str(ROOT / "solutions"), workers=2,
-          json_path=str(out), quiet=True, options=Options(cell_timeout=120, notebook_timeout=300))
-    rows = {(r["student"], r["exercise"]): r for r in json.loads(out.read_text())["rows"]}
+        next(c for c in nb.cells if c.source.startswith(first_line)).source = answer
+        notebooks[chapter] = (nb, name)
+    rows = _graded_rows(tmp_path, notebooks)
     for chapter, exercise in (("07", "07.4"), ("05", "05.6")):
-        row = rows[(chapter, exercise)]
-        assert row["points"] == 0 and row["visible"] == "✗", row
-        assert "off limits" in row["error"] or "ForbiddenCall" in row["error"], row["error"]
+        _assert_forbidden(rows[(chapter, exercise)])
 
 
 def test_judge_only_code_of_a_check_is_not_what_the_kernel_needs():
