@@ -148,10 +148,22 @@ def test_passing_a_store():
 
 
 def test_file_rendezvous_cleans_up_and_detects_a_stale_file(tmp_path):
+    # FileStore's destructor removes the file when the last rank leaves -- usually: it counts the
+    # leavers and the references in two separate locked steps, so two ranks leaving at once can
+    # each see the other's count half-done, and neither removes it (torch's race, not ours: 6-221
+    # of 3000 pairs here, more under load). Three fresh files: the course's join must not keep a
+    # reference that stops the removal every time, and one run in three is enough to show it.
+    removed = []
+    for attempt in range(3):
+        path = tmp_path / f"fresh{attempt}"
+        assert gc.launch(_join_and_sum, 2, args=(f"file://{path}",), init_process_group=False,
+                         timeout=60) == [3, 3]
+        removed.append(not path.exists())
+        if removed[-1]:
+            break
+    assert any(removed), "the file of every clean run was left behind: is a FileStore still held?"
     path = tmp_path / "init"
     url = f"file://{path}"
-    assert gc.launch(_join_and_sum, 2, args=(url,), init_process_group=False, timeout=60) == [3, 3]
-    assert not path.exists()                           # FileStore removed it: ready for reuse
     # a run that never leaves its group (as if it crashed) leaves the file behind
     gc.launch(_join_and_sum, 2, args=(url, None, None, False), init_process_group=False,
               timeout=60)
