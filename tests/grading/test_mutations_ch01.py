@@ -58,6 +58,21 @@ VISIBLE = {
         "a loop over y": ("return torch.stack([((x - yj) ** 2).sum(1) for yj in y], 1) if len(y) "
                           "else torch.zeros(len(x), 0, dtype=x.dtype)"),
         "float64 whatever the input": "x, y = x.double(), y.double()\nreturn ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)",
+        # the same three torch calls at every size: the loop runs over Python lists
+        "a Python loop over .tolist()": """\
+xs, ys = x.tolist(), y.tolist()
+out = [[sum((a - b) ** 2 for a, b in zip(r, s)) for s in ys] for r in xs]
+return torch.tensor(out, dtype=x.dtype).reshape(len(xs), len(ys))
+""",
+        "math.dist over every pair (a loop in C, over Python floats)": """\
+import itertools, math
+pairs = itertools.product(x.tolist(), y.tolist())
+return torch.tensor([math.dist(a, b) ** 2 for a, b in pairs], dtype=x.dtype).reshape(len(x), len(y))
+""",
+        "a loop over .numpy() rows": """\
+a, b = x.numpy(), y.numpy()
+return torch.tensor([[float(((r - s) ** 2).sum()) for s in b] for r in a], dtype=x.dtype).reshape(len(a), len(b))
+""",
     },
     "01.2": {
         "constant": "return 0",
