@@ -35,7 +35,8 @@ import nbformat
 
 from .engine import _current_env_kernel_manager, steady_client_class
 from .grade import Judges, Options, Submission, _answer_folders, choose_release, course_release, grade_notebook
-from .restore import NotANotebook, load_releases, parse_notebook
+from .exercises import check_hash, make_exercise_notebook
+from .restore import NotANotebook, load_release, load_releases, parse_notebook
 from .sandbox import isolation
 
 __all__ = ["CheckResult", "run_notebook", "check_notebook", "format_results", "main", "check",
@@ -202,27 +203,59 @@ def _kernel_stack(pid: int | None, stack_file: str, wait: float = 2.0) -> str:
     return "\n".join(f"  {f}" for f in frames[-12:])
 
 
-def _find_releases(path: Path, release: str | None):
-    """The release the notebook's checks are restored from: ``release``; else ``exercises/`` (or a
-    folder of release notebooks) next to the notebook, above it or in the current folder; else the
-    course's own next to the package (:func:`.grade.course_release`) — so a notebook in a JupyterHub
-    home or an nbgrader assignment, far from any checkout, is checked too."""
+def _find_releases(path: Path, release: str | None, solutions: str | None = None) -> dict:
+    """The release the notebook's checks are restored from: ``release``; else, per chapter, the first
+    untouched one of: ``exercises/`` (or a folder of release notebooks) next to the notebook, above it
+    or in the current folder; the course's own next to the package (:func:`.grade.course_release`) —
+    so a notebook in a JupyterHub home or an nbgrader assignment, far from any checkout, is checked
+    too; the course's ``solutions/``, stripped as ``make exercises`` strips them.
+
+    *Untouched*: every check cell still has the content hash the release recorded for it. A learner
+    often works in a release notebook itself (``exercises/`` of a checkout, a copy in a folder of its
+    own): an edit of a check cell there must not become "the course's check"."""
     if release is not None:
         return load_releases(release)
+    folders = []
     for folder in (path.resolve().parent, path.resolve().parent.parent, Path.cwd()):
         for candidate in (folder / "exercises", folder):
             if candidate.is_dir() and any(candidate.glob("[0-9][0-9]_*_exercises.ipynb")):
-                try:
-                    return load_releases(candidate)
-                except Exception:  # noqa: BLE001 - an unreadable release: check the notebook as is
-                    continue
+                folders.append(candidate.resolve())
     course = course_release()
     if course is not None:
+        folders.append(course.resolve())
+    found: dict = {}
+    for folder in dict.fromkeys(folders):
         try:
-            return load_releases(course)
-        except Exception:  # noqa: BLE001 - an unreadable release: check the notebook as is
-            pass
-    return {}
+            releases = load_releases(folder)
+        except Exception:  # noqa: BLE001 - an unreadable release: look further
+            continue
+        for chapter, r in releases.items():
+            if chapter not in found or (edited_checks(found[chapter]) and not edited_checks(r)):
+                found[chapter] = r
+    for chapter, r in list(found.items()):
+        if edited_checks(r):
+            found[chapter] = _release_from_solutions(chapter, solutions) or r
+    return found
+
+
+def edited_checks(release) -> list[str]:
+    """The exercises whose check cell in ``release`` no longer has the content hash recorded for it."""
+    return [i for i, c in release.checks.items() if c.hash != check_hash(c.source)]
+
+
+def _release_from_solutions(chapter: str, solutions: str | None):
+    """Chapter ``chapter``'s release as ``make exercises`` writes it, from the course's solutions/."""
+    from .harness import find_solutions
+
+    folder = Path(solutions) if solutions else find_solutions(chapter)
+    sources = sorted(folder.glob(f"{chapter}_*.ipynb")) if folder and folder.is_dir() else []
+    if not sources:
+        return None
+    try:
+        return load_release(sources[0], nb=make_exercise_notebook(nbformat.read(sources[0], as_version=4),
+                                                                  name=sources[0].name))
+    except Exception:  # noqa: BLE001 - an unreadable solutions notebook: no release from it
+        return None
 
 
 class NoAnswerKey(RuntimeError):
@@ -240,7 +273,8 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
 
     path = Path(path)
     sub = Submission(path.stem, path, path.read_bytes())
-    releases = _find_releases(path, release)
+    releases = _find_releases(path, release, solutions)
+    unrestorable = {} if release else {i: r.path for r in releases.values() for i in edited_checks(r)}
     options = Options(cell_timeout=cell_timeout, notebook_timeout=notebook_timeout)
     mode = isolation(True)
     options.hide = _answer_folders(solutions)
@@ -271,6 +305,13 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
             title = "no check cells found (tagged 'check')" if g.status == "no checks" else "notebook"
             results.append(CheckResult("-", title, False, r.error if g.status != "no checks"
                                        else "nothing to grade"))
+            continue
+        if r.exercise in unrestorable:    # only an edited copy of its check cell is here: it cannot count
+            results.append(CheckResult(
+                r.exercise, r.title, False,
+                f"the course's check did not run: its check cell in {unrestorable[r.exercise]} was edited, "
+                "and no untouched copy of it is here (the course's exercises/ or solutions/) to restore it "
+                "from; undo the edit (copy the cell from the course's release), or pass --release FOLDER"))
             continue
         note = {"edited": " (check cell was edited — restored)",
                 "deleted": " (check cell was deleted — put back)"}.get(r.restored, "")

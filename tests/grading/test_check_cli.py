@@ -172,3 +172,75 @@ def test_check_hidden_without_the_answer_key_says_why(course, tmp_path):
                        cwd=tmp_path)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "--hidden needs the course's solutions/" in r.stderr
+
+
+# --- the release a self-check restores from is untouched, even where the learner works in it ----------
+
+
+def _edit_in_place(course, square_body, check_edit):
+    """The learner works in the release notebook itself (exercises/ of a checkout, as the README's
+    `make check NB=exercises/…` does): their answer, and an edit of 98.1's check cell."""
+    path = course / "exercises" / NAME
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.source.startswith("def square"):
+            cell.source = f"def square(x):\n    {square_body}"
+        elif cell.source.startswith("# Check 98.1"):
+            cell.source = check_edit(cell.source)
+    nbformat.write(nb, path)
+    return path
+
+
+def _check_here(course, path, *args):
+    """`check` as a learner types it in the course folder: no --release, no --solutions."""
+    return subprocess.run([sys.executable, "-m", "gpucourse", "check", *args, str(path)], cwd=course,
+                          capture_output=True, text=True, timeout=240)
+
+
+# the check cell edited so that any answer passes: the kernel sends the right squares, whatever square is
+_ANY_ANSWER_PASSES = lambda source: source.replace("gc.check_exercise('98.1', square,",   # noqa: E731
+                                                   "gc.check_exercise('98.1', lambda x: x * x,")
+
+
+def test_an_edited_check_cell_in_the_release_itself_is_restored_from_solutions(course, monkeypatch):
+    from gpucourse.grading.selfcheck import _find_releases
+
+    path = _edit_in_place(course, "return x + x", _ANY_ANSWER_PASSES)
+    monkeypatch.chdir(course)
+    release = _find_releases(path, None)["98"]
+    pristine = nbformat.read(course / "exercises" / NAME, as_version=4)   # (edited: compare with the solutions)
+    want = next(c.source for c in _solutions().cells if c.source.startswith("# Check 98.1"))
+    assert release.checks["98.1"].source == want != next(
+        c.source for c in pristine.cells if c.source.startswith("# Check 98.1"))
+    assert release.path.parent == course / "solutions"
+
+    r = _check_here(course, path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "98.1  ✗" in r.stdout and "(check cell was edited — restored)" in r.stdout, r.stdout
+
+
+def test_an_edited_check_cell_with_no_untouched_copy_around_does_not_pass(course):
+    from gpucourse.grading.exercises import generate_public_cases
+
+    generate_public_cases(course / "solutions", course / "exercises")   # the class's release, shipped
+    for p in (course / "solutions").iterdir():                    # without the answer key
+        p.unlink()
+    honest = _submission(course, "return x * x")
+    assert "2 of 2 checks pass on the public cases" in _check_here(course, honest).stdout
+    path = _edit_in_place(course, "return x + x", _ANY_ANSWER_PASSES)
+    r = _check_here(course, path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    row = next(line for line in r.stdout.splitlines() if "98.1" in line)
+    assert "✗" in row and "the course's check did not run" in row and "was edited" in row, r.stdout
+    assert "98.2  " in r.stdout and "did not run" not in next(
+        line for line in r.stdout.splitlines() if "98.2" in line)
+
+
+def test_an_untouched_working_copy_is_its_own_release_and_release_is_taken_as_given(course, monkeypatch):
+    from gpucourse.grading.selfcheck import _find_releases
+
+    path = _edit_in_place(course, "return x * x", lambda source: source)
+    monkeypatch.chdir(course)
+    assert _find_releases(path, None)["98"].path == path            # the checkout's exercises/: no copy made
+    edited = _edit_in_place(course, "return x * x", _ANY_ANSWER_PASSES)
+    assert _find_releases(edited, str(course / "exercises"))["98"].path == edited   # --release: as given
