@@ -210,9 +210,10 @@ def _find_releases(path: Path, release: str | None, solutions: str | None = None
     so a notebook in a JupyterHub home or an nbgrader assignment, far from any checkout, is checked
     too; the course's ``solutions/``, stripped as ``make exercises`` strips them.
 
-    *Untouched*: every check cell still has the content hash the release recorded for it. A learner
-    often works in a release notebook itself (``exercises/`` of a checkout, a copy in a folder of its
-    own): an edit of a check cell there must not become "the course's check"."""
+    *Untouched*: every check cell still has the content hash the release recorded for it, and the
+    release is not the notebook being checked. A learner often works in a release notebook itself
+    (``exercises/`` of a checkout, a copy in a folder of its own): a check cell they edited or
+    deleted there must not become "the course's check"."""
     if release is not None:
         return load_releases(release)
     folders = []
@@ -223,6 +224,10 @@ def _find_releases(path: Path, release: str | None, solutions: str | None = None
     course = course_release()
     if course is not None:
         folders.append(course.resolve())
+
+    def touched(r) -> bool:
+        return r.path.resolve() == path.resolve() or bool(edited_checks(r))
+
     found: dict = {}
     for folder in dict.fromkeys(folders):
         try:
@@ -230,10 +235,10 @@ def _find_releases(path: Path, release: str | None, solutions: str | None = None
         except Exception:  # noqa: BLE001 - an unreadable release: look further
             continue
         for chapter, r in releases.items():
-            if chapter not in found or (edited_checks(found[chapter]) and not edited_checks(r)):
+            if chapter not in found or (touched(found[chapter]) and not touched(r)):
                 found[chapter] = r
     for chapter, r in list(found.items()):
-        if edited_checks(r):
+        if touched(r):
             found[chapter] = _release_from_solutions(chapter, solutions) or r
     return found
 
@@ -318,6 +323,18 @@ def check_notebook(path: str | Path, *, cell_timeout: float = 300, notebook_time
         results.append(CheckResult(r.exercise, r.title + note, r.visible == "✓" and r.hidden != "✗", r.error,
                                    public, r.hidden, r.visible == "✓", None if public else judges.seed,
                                    r.unsolved))
+    if public and not release:   # a check the course ships, but the only release here lacks: deleted in it
+        from .public import load_public
+
+        with contextlib.suppress(OSError, ValueError):
+            shown = {r.label for r in results}
+            for slot_id, slot in load_public(public).slots.items():
+                if slot_id not in shown:
+                    results.append(CheckResult(
+                        slot_id, slot.title, False,
+                        "the course's check did not run: its check cell was deleted from the only release "
+                        "notebook here, and no copy of it is here to put it back from; copy the cell from the "
+                        "course's release, or pass --release FOLDER"))
     for where, error in g.others:
         results.append(CheckResult(f"cell {where}", "(not a check cell)", False, error))
     if g.problem and all(r.passed for r in results):

@@ -236,11 +236,46 @@ def test_an_edited_check_cell_with_no_untouched_copy_around_does_not_pass(course
         line for line in r.stdout.splitlines() if "98.2" in line)
 
 
-def test_an_untouched_working_copy_is_its_own_release_and_release_is_taken_as_given(course, monkeypatch):
+def _delete_check_in_place(course, square_body):
+    path = course / "exercises" / NAME
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.source.startswith("def square"):
+            cell.source = f"def square(x):\n    {square_body}"
+    nb.cells = [c for c in nb.cells if not c.source.startswith("# Check 98.1")]
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.parametrize("answer_key", [True, False])
+def test_a_check_cell_deleted_from_the_release_itself_is_put_back_or_reported(course, answer_key):
+    """`2 of 2 pass` with 98.1's check cell deleted in exercises/ itself: the release was the notebook,
+    so 98.1 had no check at all, and the wrong answer no row."""
+    if not answer_key:
+        from gpucourse.grading.exercises import generate_public_cases
+
+        generate_public_cases(course / "solutions", course / "exercises")
+        for p in (course / "solutions").iterdir():
+            p.unlink()
+    path = _delete_check_in_place(course, "return x + x")
+    r = _check_here(course, path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    row = next((line for line in r.stdout.splitlines() if "98.1" in line), "")
+    if answer_key:
+        assert "98.1  ✗" in row and "(check cell was deleted — put back)" in row, r.stdout
+    else:
+        assert "98.1  ✗" in row and "check cell was deleted from the only release notebook here" in row, r.stdout
+
+
+def test_the_notebook_is_its_own_release_only_when_nothing_else_is_here_and_release_is_as_given(course, monkeypatch):
     from gpucourse.grading.selfcheck import _find_releases
 
     path = _edit_in_place(course, "return x * x", lambda source: source)
     monkeypatch.chdir(course)
-    assert _find_releases(path, None)["98"].path == path            # the checkout's exercises/: no copy made
+    # the notebook being checked is no release of itself: the course's solutions/ gives an untouched one
+    assert _find_releases(path, None)["98"].path == course / "solutions" / NAME
+    for p in (course / "solutions").iterdir():
+        p.unlink()
+    assert _find_releases(path, None)["98"].path == path            # nothing else here: the notebook itself
     edited = _edit_in_place(course, "return x * x", _ANY_ANSWER_PASSES)
     assert _find_releases(edited, str(course / "exercises"))["98"].path == edited   # --release: as given
