@@ -633,12 +633,37 @@ def check_hidden(exercise: str, cases: Callable, *, compare: Callable | None = N
 # --- graded mode (kernel side): primed by the engine, collected by the engine --------------------
 
 def install_graded(output_limit: int) -> None:
-    """The engine's first request in a fresh kernel: graded mode, output capped per cell."""
-    _state["mode"] = "graded"
-    if output_limit > 0:
-        from IPython import get_ipython
+    """The engine's first request in a fresh kernel: graded mode, output capped per cell, and no cell
+    left without an answer (:func:`_answer_every_cell`)."""
+    from IPython import get_ipython
 
-        _cap_output(get_ipython(), output_limit)
+    _state["mode"] = "graded"
+    shell = get_ipython()
+    _answer_every_cell(shell)
+    if output_limit > 0:
+        _cap_output(shell, output_limit)
+
+
+def _answer_every_cell(shell) -> None:
+    """A cell nested thousands deep (``_ = 1+1+…+1``) fails at once with Python's RecursionError.
+
+    Before it runs a cell, ipykernel asks ``shell.should_run_async``, which compiles it to see whether
+    it awaits — and IPython lets a RecursionError of that compile escape. ipykernel then logs it and
+    never answers the cell: the grader waited the whole cell timeout (300 s) for each such cell.
+    Here that question is answered "no" instead, and the cell runs as usual, raising the
+    RecursionError that Python gives it (1.7 s for 60,000 terms, measured).
+    """
+    if shell is None or not hasattr(shell, "should_run_async"):
+        return
+    asks = shell.should_run_async
+
+    def should_run_async(raw_cell, **kwargs):
+        try:
+            return asks(raw_cell, **kwargs)
+        except RecursionError:
+            return False
+
+    shell.should_run_async = should_run_async
 
 
 def prime(slot: str, payload: str) -> None:

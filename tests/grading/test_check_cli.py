@@ -1,5 +1,6 @@
 """`python -m gpucourse check`: the learner's self-check, decided by the same judge as `grade`."""
 
+import re
 import subprocess
 import sys
 
@@ -90,6 +91,17 @@ def test_unfinished_or_wrong_notebook_fails_at_its_check(course, body, error, re
 def test_error_in_a_non_check_cell_is_reported(course):
     r = _check(course, _submission(course, "return x * x", extra_cells=[new_code_cell("1 / 0")]))
     assert r.returncode == 1 and "(not a check cell) — ZeroDivisionError" in r.stdout
+
+
+def test_a_cell_too_deep_to_compile_fails_at_once_and_the_rest_runs(course):
+    """IPython lets the RecursionError of its await-probe escape, and ipykernel never answered such a
+    cell: the run waited the whole cell timeout, then stopped (98.2 did not run)."""
+    deep = new_code_cell("_ = " + "+".join(["1"] * 60_000))
+    r = _check(course, _submission(course, "return x * x", extra_cells=[deep]), args=["--cell-timeout", "60"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "(not a check cell) — RecursionError" in r.stdout, r.stdout
+    assert re.search(r"98\.1 +✓", r.stdout) and re.search(r"98\.2 +✓", r.stdout), r.stdout
+    assert "longer than" not in r.stdout, r.stdout
 
 
 def test_notebook_of_no_course_chapter_fails(course):
