@@ -660,8 +660,8 @@ def _answer_every_cell(shell) -> None:
     def should_run_async(raw_cell, **kwargs):
         try:
             return asks(raw_cell, **kwargs)
-        except RecursionError:
-            return False
+        except Exception:  # noqa: BLE001 - RecursionError, or whatever else a compile raises: run it
+            return False   # the usual way, where the same error reaches the cell's output
 
     shell.should_run_async = should_run_async
 
