@@ -312,35 +312,65 @@ JUDGE_ONLY = {"check_exercise": (2, ("cases", "compare", "describe")),
 
 
 def kernel_code(source: str) -> str:
-    r"""A check cell's code without the functions only the judge calls: those it passes to
-    ``gc.check_exercise`` / ``gc.check_hidden`` as ``cases``, ``compare`` or ``describe``.
+    r"""A check cell's code as the graded kernel runs it: without the functions and classes only the
+    judge calls — those it passes to ``gc.check_exercise`` / ``gc.check_hidden`` as ``cases``,
+    ``compare`` or ``describe``, and every helper only they reach. The names the call passes are bound
+    to ``None`` instead (in a graded kernel ``check_exercise`` uses ``run`` alone); the other lines,
+    comments and the ``# Check`` header included, are kept as written.
 
-        >>> print(kernel_code("def cases(rng):\n    yield gc.one_f_one_b_schedule(2, 4)\n\n"
-        ...                   "def run(p):\n    return f(p)\n\ngc.check_exercise('07.4', run, cases)"))
+    An answer looks a name up when it runs, after the check cell defined it: left in the kernel,
+    01.4's ``fitted_time`` (the judge's least-squares fit) and 12.1's ``counted_flops`` (a FLOP
+    counter) answered their exercises for full marks. Not defining them also leaves a learner's own
+    helper of the same name as it was.
+
+        >>> print(kernel_code("# Check 07.4\ndef fit(t):\n    return 2 * t\n\ndef compare(case, got, want):\n"
+        ...                   "    assert fit(got) == fit(want)\n\ndef run(p):\n    return f(p)\n\n"
+        ...                   "gc.check_exercise('07.4', run, cases, compare=compare)"))
+        # Check 07.4
+        <BLANKLINE>
+        compare = None
+        <BLANKLINE>
         def run(p):
             return f(p)
-        gc.check_exercise('07.4', run, cases)
+        <BLANKLINE>
+        gc.check_exercise('07.4', run, cases, compare=compare)
     """
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return source
-    judge_only = set()
+    defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    if not defs:
+        return source
+    judge_args = set()            # the name nodes passed as judge-only arguments
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-        if name not in JUDGE_ONLY:
-            continue
-        at, keywords = JUDGE_ONLY[name]
-        passed = node.args[at:at + 1] + [k.value for k in node.keywords if k.arg in keywords]
-        judge_only |= {a.id for a in passed if isinstance(a, ast.Name)}
-    kept = [n for n in tree.body if not (isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                                          and n.name in judge_only)]
-    if len(kept) == len(tree.body):
+        if name in JUDGE_ONLY:
+            at, keywords = JUDGE_ONLY[name]
+            judge_args |= {id(a) for a in node.args[at:at + 1] + [k.value for k in node.keywords
+                                                                   if k.arg in keywords]}
+
+    def names_in(node) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in judge_args}
+
+    wanted = set().union(*(names_in(n) for n in tree.body if n not in defs.values())) & defs.keys()
+    todo = list(wanted)
+    while todo:
+        for name in names_in(defs[todo.pop()]) & defs.keys():
+            if name not in wanted:
+                wanted.add(name)
+                todo.append(name)
+    if wanted == defs.keys():
         return source
-    tree.body = kept
-    return ast.unparse(tree)
+    passed = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) in judge_args}
+    lines = source.splitlines(keepends=True)
+    for node in sorted((n for n in defs.values() if n.name not in wanted), key=lambda n: -n.lineno):
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
+        # the call still names it: bound to None (the graded kernel's check_exercise uses run alone)
+        lines[first:node.end_lineno] = [f"{node.name} = None\n"] if node.name in passed else []
+    return "".join(lines)
 
 
 def _named_as_gc(sources: list[str], candidates: set[str]) -> set[str]:

@@ -5,8 +5,10 @@ the notebook that actually runs is rebuilt from both::
 
     submission cells ──►  drop cells tagged ``hidden`` / starting ``# Hidden``
                      ──►  every check cell (by exercise id NN.k: tag ``check``, ``# Check NN.k``
-                          header, or our metadata) gets the release's source and metadata back;
-                          a hash mismatch is reported as "edited — restored"
+                          header, or our metadata) gets the release's source and metadata back,
+                          less the functions only the judge calls (``graded_build.kernel_code``:
+                          an answer could call them); a hash mismatch is reported as "edited —
+                          restored"
                      ──►  a deleted check cell is put back after its exercise's last cell
                           (its ``## Exercise NN.k`` section), or after the student's copy of the
                           release cell that preceded it, or at the end
@@ -222,6 +224,8 @@ def restore(sub, release: Release, *, hidden: dict[str, str] | None = None
     right after the exercise's check. Returns ``(run_nb, slots, origin)``: the notebook, the graded cells, and for every run cell
     its index in the submission (``None`` for a cell the grader put there).
     """
+    from .graded_build import kernel_code
+
     cells = []
     origin: list[int | None] = []
     for i, cell in enumerate(sub.cells):
@@ -238,17 +242,20 @@ def restore(sub, release: Release, *, hidden: dict[str, str] | None = None
         cid = _check_id(cell)
         if cid in release.checks and cid not in taken:
             taken[cid] = pos
+    marker = "_gpucourse_slot"
     for cell in cells:
         if cell.cell_type == "code":
             _neutral_metadata(cell)
             cell.outputs, cell.execution_count = [], None
+        else:                                   # a forged slot marker on a markdown cell: not a slot
+            cell.get("metadata", {}).pop(marker, None)
 
     slots: list[Slot] = []
-    marker = "_gpucourse_slot"
     for cid, rc in release.checks.items():
         slot = Slot(cid, rc.title, "visible", rc.points, cid)
         slot.missing = cid not in mentioned
-        new = nbformat.v4.new_code_cell(rc.source, metadata={"tags": [CHECK_TAG], marker: cid})
+        # the kernel runs the check without what only the judge calls (an answer could call it)
+        new = nbformat.v4.new_code_cell(kernel_code(rc.source), metadata={"tags": [CHECK_TAG], marker: cid})
         if cid in taken:
             old = cells[taken[cid]]
             slot.edited = check_hash(old.source) != rc.hash

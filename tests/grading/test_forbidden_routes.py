@@ -243,3 +243,62 @@ def test_one_run_grades_an_honest_notebook_and_a_helper_used_outside_the_exercis
         assert n["status"] == "graded" and not n["other_errors"] and not n["problem"], n
     for r in data["rows"]:
         assert (r["visible"], r["hidden"]) == ("✓", "✓"), r
+
+
+# --- a check cell's judge-only helpers never reach the kernel -----------------------------------
+
+#: helpers a check cell defines for its judge (compare, cases) that do part of the exercise
+JUDGE_HELPERS = {"01": ("01.4", "fitted_time"), "03": ("03.2", "step_time_032"), "10": ("10.3", "chunk_rows"),
+                 "11": ("11.3", "zigzag_shards"), "12": ("12.1", "counted_flops")}
+
+
+def test_the_kernel_copy_of_a_check_defines_nothing_only_the_judge_calls():
+    import ast
+
+    from gpucourse.grading.restore import load_release, restore
+
+    for chapter, (exercise, helper) in JUDGE_HELPERS.items():
+        release = load_release(next((ROOT / "exercises").glob(f"{chapter}_*.ipynb")))
+        assert f"def {helper}(" in release.checks[exercise].source        # the learner sees it ...
+        run, slots, _ = restore(release.nb, release)
+        for slot in slots:
+            tree = ast.parse(slot.source)                                   # ... the kernel does not
+            defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            assert helper not in defined, (slot.id, helper)
+            assert any(isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "check_exercise"
+                       for n in ast.walk(tree)), slot.id
+    release = load_release(next((ROOT / "exercises").glob("01_*.ipynb")))
+    run, slots, _ = restore(release.nb, release)
+    kernel = next(s.source for s in slots if s.id == "01.1")
+    assert "def sq_dists_and_calls(" in kernel and "class TorchCalls011(" in kernel   # run reaches them
+    assert "def compare_sq_dists(" not in kernel and "\ncompare_sq_dists = None\n" in kernel
+    assert kernel.startswith("# Check 01.1 — ")          # as written, less what only the judge calls
+
+
+#: answers that call a helper their check cell defines for the judge (it ran before they are called)
+CALLS_THE_JUDGES_HELPER = {
+    "01": ("def best_worker_count", "def best_worker_count(times, max_workers):\n"
+           "    T = fitted_time(times)\n    return min(range(1, max_workers + 1), key=T)"),
+    "12": ("def flops_per_token", "def flops_per_token(layers, hidden, ffn, vocab, seq):\n"
+           "    with torch.device('meta'):\n        return counted_flops(layers, hidden, ffn, vocab, seq, batch=1)"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_an_answer_that_calls_its_checks_judge_only_helper_scores_zero(tmp_path):
+    notebooks = {}
+    for chapter, (first_line, answer) in CALLS_THE_JUDGES_HELPER.items():
+        nb, name = _release(chapter)
+        next(c for c in nb.cells if c.source.startswith(first_line)).source = answer
+        notebooks[chapter] = (nb, name)
+    nb, name = _release("01")                  # a forged slot marker on a markdown cell: graded as usual
+    marked = new_markdown_cell("note")
+    marked.metadata["_gpucourse_slot"] = "01.3"
+    nb.cells.insert(3, marked)
+    notebooks["marker"] = (nb, name)
+    rows = _graded_rows(tmp_path, notebooks)
+    for chapter, exercise, helper in (("01", "01.4", "fitted_time"), ("12", "12.1", "counted_flops")):
+        row = rows[(chapter, exercise)]
+        assert row["points"] == 0 and f"NameError: name '{helper}' is not defined" in row["error"], row
+    assert rows[("marker", "01.3")]["error"].startswith("01.3: not implemented yet"), rows[("marker", "01.3")]

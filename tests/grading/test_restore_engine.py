@@ -8,6 +8,7 @@ from _grading_helpers import TINY
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from gpucourse.grading.engine import execute
+from gpucourse.grading.graded_build import kernel_code
 from gpucourse.grading import wire
 from gpucourse.grading.restore import NotANotebook, chapter_of, load_release, parse_notebook, restore
 
@@ -37,7 +38,7 @@ def test_untouched_submission_runs_the_release_checks(release):
     run, slots, origin = restore(_sub(release), release)
     assert [(s.id, s.kind, s.edited, s.deleted, s.missing) for s in slots] == [
         ("99.1", "visible", False, False, False)]
-    assert run.cells[slots[0].index].source == release.checks["99.1"].source
+    assert run.cells[slots[0].index].source == kernel_code(release.checks["99.1"].source)
     assert origin == list(range(len(release.nb.cells)))
     assert slots[0].key == "99.1"
 
@@ -51,7 +52,7 @@ def test_edited_check_is_restored_and_flagged(release):
         cells[_check_index(release)].source = "# Check 99.1 — square\nprint('99.1 passed ✓')"
         cells[_check_index(release)].metadata = {}      # tags dropped too: found by its header
     run, slots, _ = restore(_sub(release, edit), release)
-    assert slots[0].edited and run.cells[slots[0].index].source == release.checks["99.1"].source
+    assert slots[0].edited and run.cells[slots[0].index].source == kernel_code(release.checks["99.1"].source)
 
 
 def test_deleted_check_is_put_back_in_its_section(release):
