@@ -92,6 +92,16 @@ def _subclass_03():
     return nb, name
 
 
+def _answered(answers: dict) -> dict:
+    """``{chapter: (first line of the answer cell, the answer)}`` → each chapter's release, answered."""
+    notebooks = {}
+    for chapter, (first_line, answer) in answers.items():
+        nb, name = _release(chapter)
+        next(c for c in nb.cells if c.source.startswith(first_line)).source = answer
+        notebooks[chapter] = (nb, name)
+    return notebooks
+
+
 def _graded_rows(tmp_path, notebooks: dict) -> dict:
     """``grade --hidden`` over ``{student: (notebook, file name)}``: the rows by (student, exercise)."""
     subs = tmp_path / "subs"
@@ -164,11 +174,7 @@ def peak_in_flight(ops):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_forbidden_helper_reached_through_a_course_wrapper_scores_zero(tmp_path):
-    notebooks = {}
-    for chapter, (first_line, answer) in WRAPPED.items():
-        nb, name = _release(chapter)
-        next(c for c in nb.cells if c.source.startswith(first_line)).source = answer
-        notebooks[chapter] = (nb, name)
+    notebooks = _answered(WRAPPED)
     rows = _graded_rows(tmp_path, notebooks)
     for chapter, exercise in (("07", "07.4"), ("05", "05.6")):
         _assert_forbidden(rows[(chapter, exercise)])
@@ -287,11 +293,7 @@ CALLS_THE_JUDGES_HELPER = {
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_an_answer_that_calls_its_checks_judge_only_helper_scores_zero(tmp_path):
-    notebooks = {}
-    for chapter, (first_line, answer) in CALLS_THE_JUDGES_HELPER.items():
-        nb, name = _release(chapter)
-        next(c for c in nb.cells if c.source.startswith(first_line)).source = answer
-        notebooks[chapter] = (nb, name)
+    notebooks = _answered(CALLS_THE_JUDGES_HELPER)
     nb, name = _release("01")                  # a forged slot marker on a markdown cell: graded as usual
     marked = new_markdown_cell("note")
     marked.metadata["_gpucourse_slot"] = "01.3"
