@@ -37,6 +37,7 @@ from pathlib import Path
 import nbformat
 
 from .exercises import EXERCISE_HEADING
+from .graded_build import parse
 from .gradebook import (ERROR_LIMIT, NAME_LIMIT, NotAGradebook, Row, Update, cut, earned, printable,
                         stored_student, students_in, summary_table, write_csv, write_feedback, write_json,
                         write_totals)
@@ -719,7 +720,7 @@ def forbidden_uses(sources: list[str], forbid: list[str]) -> list[str]:
     found = set()
     for src in sources:
         try:
-            tree = ast.parse(src)
+            tree = parse(src)
         except (SyntaxError, ValueError):               # it cannot run either (null bytes: ValueError)
             continue
         except (RecursionError, MemoryError):

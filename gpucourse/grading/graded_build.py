@@ -35,12 +35,14 @@ Example::
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 __all__ = ["build", "chapter_needs", "plan_for", "plan_runs", "reachable", "strippable"]
@@ -102,8 +104,8 @@ def _target(name: str) -> tuple[Path, list[str]]:
 
 def _stub(node, message: str):
     """``node`` (a def) with its body replaced by one ``raise`` — no docstring, no code of its own."""
-    raise_ = ast.parse(f"raise __import__('gpucourse.grading.harness', fromlist=['ForbiddenCall'])"
-                       f".ForbiddenCall({message!r})").body[0]
+    raise_ = parse(f"raise __import__('gpucourse.grading.harness', fromlist=['ForbiddenCall'])"
+                   f".ForbiddenCall({message!r})").body[0]
     node.body = [raise_]
     node.returns = None
     return node
@@ -142,7 +144,7 @@ class _Strip(ast.NodeTransformer):
             else:
                 body.append(item)
         if not any(isinstance(i, ast.FunctionDef) and i.name == "__init__" for i in body):
-            body.append(_stub(ast.parse("def __init__(self, *args, **kwargs): pass").body[0], message))
+            body.append(_stub(parse("def __init__(self, *args, **kwargs): pass").body[0], message))
         node.body = body
         return node
 
@@ -168,7 +170,7 @@ def build(stripped, exercises_of: dict[str, list[str]], root: Path) -> Path:
                    "yourself (the package this notebook is graded with does not contain it)")
         by_file.setdefault(path, {})[tuple(qual)] = message
     for path, targets in by_file.items():
-        tree = ast.parse(path.read_text())
+        tree = parse(path.read_text())
         strip = _Strip(targets)
         tree = ast.fix_missing_locations(strip.visit(tree))
         missing = set(targets) - strip.done
@@ -238,7 +240,7 @@ def reachable(names: set[str]) -> set[str]:
                 continue
             read.add(id(fn))
             try:
-                tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+                tree = parse(textwrap.dedent(inspect.getsource(fn)))
             except (OSError, TypeError, SyntaxError):
                 continue
             g = fn.__globals__
@@ -257,6 +259,18 @@ def reachable(names: set[str]) -> set[str]:
                 if getattr(target, "__module__", "").startswith("gpucourse."):
                     todo.append(target)
     return found
+
+
+_AST_LOCK = threading.Lock()
+
+
+def parse(source: str) -> ast.Module:
+    """``ast.parse``, one thread of this process at a time. CPython 3.11 keeps the AST constructor's
+    recursion depth in module state: two grading threads parsing at once raised ``SystemError: AST
+    constructor recursion depth mismatch`` (python/cpython#106905), and that notebook was "could not
+    be graded" (CI saw it once in 2681 tests)."""
+    with _AST_LOCK:
+        return ast.parse(source)
 
 
 def chapter_needs(nb) -> tuple[set[str], dict[str, set[str]], dict[str, set[str]]]:
@@ -311,6 +325,7 @@ JUDGE_ONLY = {"check_exercise": (2, ("cases", "compare", "describe")),
               "check_hidden": (1, ("cases", "compare", "describe"))}
 
 
+@functools.lru_cache(maxsize=512)
 def kernel_code(source: str) -> str:
     r"""A check cell's code as the graded kernel runs it: without the functions and classes only the
     judge calls — those it passes to ``gc.check_exercise`` / ``gc.check_hidden`` as ``cases``,
@@ -336,7 +351,7 @@ def kernel_code(source: str) -> str:
         gc.check_exercise('07.4', run, cases, compare=compare)
     """
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return source
     defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
@@ -378,7 +393,7 @@ def _named_as_gc(sources: list[str], candidates: set[str]) -> set[str]:
     found = set()
     for src in sources:
         try:
-            tree = ast.parse(src)
+            tree = parse(src)
         except (SyntaxError, ValueError, RecursionError, MemoryError):     # not Python, or too deep
             continue
         for node in ast.walk(tree):
