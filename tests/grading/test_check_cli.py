@@ -220,10 +220,10 @@ def test_an_edited_check_cell_in_the_release_itself_is_restored_from_solutions(c
     path = _edit_in_place(course, "return x + x", _ANY_ANSWER_PASSES)
     monkeypatch.chdir(course)
     release = _find_releases(path, None)["98"]
-    pristine = nbformat.read(course / "exercises" / NAME, as_version=4)   # (edited: compare with the solutions)
+    in_place = nbformat.read(path, as_version=4)                      # the learner's edited copy
     want = next(c.source for c in _solutions().cells if c.source.startswith("# Check 98.1"))
     assert release.checks["98.1"].source == want != next(
-        c.source for c in pristine.cells if c.source.startswith("# Check 98.1"))
+        c.source for c in in_place.cells if c.source.startswith("# Check 98.1"))
     assert release.path.parent == course / "solutions"
 
     r = _check_here(course, path)
