@@ -264,13 +264,15 @@ def reachable(names: set[str]) -> set[str]:
 _AST_LOCK = threading.Lock()
 
 
-def parse(source: str) -> ast.Module:
+def parse(source: str, mode: str = "exec") -> ast.AST:
     """``ast.parse``, one thread of this process at a time. CPython 3.11 keeps the AST constructor's
     recursion depth in module state: two grading threads parsing at once raised ``SystemError: AST
     constructor recursion depth mismatch`` (python/cpython#106905), and that notebook was "could not
-    be graded" (CI saw it once in 2681 tests)."""
+    be graded" (CI saw it once in 2681 tests). Every parse of the grader's process goes through
+    here, ``ast.literal_eval`` of a kernel's text too (``literal_eval(parse(text, "eval"))``): a
+    parse the lock does not cover can trip a covered one in another thread."""
     with _AST_LOCK:
-        return ast.parse(source)
+        return ast.parse(source, mode=mode)
 
 
 def chapter_needs(nb) -> tuple[set[str], dict[str, set[str]], dict[str, set[str]]]:

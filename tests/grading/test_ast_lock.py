@@ -1,0 +1,67 @@
+"""Every parse in the grader's process holds the AST lock (``graded_build.parse``).
+
+CPython 3.11 keeps the AST constructor's recursion depth in module state, shared by all threads
+(python/cpython#106905): two grading threads parsing at once raised ``SystemError: AST constructor
+recursion depth mismatch`` and a notebook was "could not be graded". A lock only helps if *every*
+parse takes it — ``ast.literal_eval`` of a string parses too — so this reads the grader's modules
+and names any parse that does not go through ``graded_build.parse``.
+
+``judge.py`` runs in the judges' processes (one thread each; the host starts none) and
+``harness.py`` in the student's kernel: neither shares the grader's threads.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import gpucourse.grading as grading
+
+GRADING = Path(grading.__file__).parent
+OTHER_PROCESSES = {"judge.py", "harness.py"}
+
+
+def _unlocked_parses(source: str, filename: str) -> list[str]:
+    tree = ast.parse(source)
+    inside_parse = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == "parse" and filename == "graded_build.py":
+            inside_parse |= {id(n) for n in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or id(node) in inside_parse:
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+        where = f"{filename}:{node.lineno}"
+        if name == "parse" and isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
+                and f.value.id == "ast":
+            found.append(f"{where} ast.parse")
+        elif name == "literal_eval":
+            arg = node.args[0] if node.args else None
+            locked = (isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name)
+                      and arg.func.id == "parse")
+            if not locked:
+                found.append(f"{where} literal_eval of a string (it parses it, without the lock)")
+        elif name == "compile" and any(isinstance(a, ast.Attribute) and a.attr == "PyCF_ONLY_AST"
+                                       for a in ast.walk(node)):
+            found.append(f"{where} compile(..., PyCF_ONLY_AST)")
+    return found
+
+
+def test_every_parse_of_the_grader_process_takes_the_lock():
+    modules = sorted(p for p in GRADING.glob("*.py") if p.name not in OTHER_PROCESSES)
+    assert len(modules) > 5, modules
+    unlocked = [hit for p in modules for hit in _unlocked_parses(p.read_text(), p.name)]
+    assert not unlocked, ("parses outside graded_build.parse (its lock) in the grader's process: "
+                          + "; ".join(unlocked))
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("import ast\nast.literal_eval(text)\n", ["m.py:2 literal_eval of a string"]),
+    ("import ast\nast.parse(s)\n", ["m.py:2 ast.parse"]),
+    ("import ast\nast.literal_eval(parse(text, 'eval'))\n", []),
+])
+def test_the_scan_sees_an_unlocked_parse(source, expected):
+    hits = _unlocked_parses(source, "m.py")
+    assert len(hits) == len(expected) and all(h.startswith(e) for h, e in zip(hits, expected)), hits
