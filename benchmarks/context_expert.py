@@ -10,8 +10,9 @@ Context half (this file):
   the bytes the ring sent, counted, against ``gc.cp_comm_bytes``. The readable path
   (``kernel="readable"``: matmul + softmax per tile) is timed once beside it, forward only.
 * **Balance.** The causal ring's forward on 2 and 4 processes, contiguous vs zig-zag layout:
-  each rank's compute time (its thread's CPU seconds, fair when ranks outnumber cores), the
-  slowest rank's ratio and each layout's max/min over ranks.
+  each rank's compute time (its thread's CPU seconds, fair when ranks outnumber cores; the least
+  of 3 calls, so a moment the VM ran a core slow does not count as work), the slowest rank's ratio
+  and each layout's max/min over ranks.
 
 Expert half: ``benchmarks/_expert_bench.py`` (EP MoE vs dense MoE, bytes == ep_comm_bytes).
 
@@ -36,6 +37,7 @@ import gpucourse as gc
 
 BATCH, HEADS, SEQ, HEAD_DIM = 1, 8, 8192, 64
 WARMUP, TIMED, ROUNDS = 1, 2, 2
+BALANCE_REPEATS = 3      # metered forward calls per rank in the balance check; the least counts
 
 
 def _data(seq_slice=None, rank=0, world=1, layout="full"):
@@ -93,9 +95,14 @@ def balance(rank, world_size, layout):
     (q, k, v), _ = _data(rank=rank, world=world_size, layout=layout)
     q, k, v = (x.detach() for x in (q, k, v))
     gc.ring_attention(q, k, v, causal=True, layout=layout)                    # warm-up
-    with gc.cp_meter() as meter:
-        gc.ring_attention(q, k, v, causal=True, layout=layout)
-    return meter.compute_seconds(cpu=True), meter.work()
+    # the least of 3 metered calls: a rank's work, without the moments its CPU ran slow (on a VM whose
+    # two cores change speed, one call's CPU seconds varied by 12% between ranks with equal work)
+    seconds = []
+    for _ in range(BALANCE_REPEATS):
+        with gc.cp_meter() as meter:
+            gc.ring_attention(q, k, v, causal=True, layout=layout)
+        seconds.append(meter.compute_seconds(cpu=True))
+    return min(seconds), meter.work()
 
 
 def context_half():
