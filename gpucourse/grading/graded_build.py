@@ -360,14 +360,16 @@ def kernel_code(source: str) -> str:
     if not defs:
         return source
     judge_args = set()            # the name nodes passed as judge-only arguments
+    passed = set()                # and the names they carry
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
         if name in JUDGE_ONLY:
             at, keywords = JUDGE_ONLY[name]
-            judge_args |= {id(a) for a in node.args[at:at + 1] + [k.value for k in node.keywords
-                                                                   if k.arg in keywords]}
+            args = node.args[at:at + 1] + [k.value for k in node.keywords if k.arg in keywords]
+            judge_args |= {id(a) for a in args}
+            passed |= {a.id for a in args if isinstance(a, ast.Name)}
 
     def names_in(node) -> set[str]:
         return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and id(n) not in judge_args}
@@ -381,7 +383,6 @@ def kernel_code(source: str) -> str:
                 todo.append(name)
     if wanted == defs.keys():
         return source
-    passed = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) in judge_args}
     lines = source.splitlines(keepends=True)
     for node in sorted((n for n in defs.values() if n.name not in wanted), key=lambda n: -n.lineno):
         first = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1

@@ -36,6 +36,7 @@ from pathlib import Path
 import nbformat
 
 from .exercises import CHECK_HEADER, CHECK_TAG, EXERCISE_HEADING, HIDDEN_HEADER, HIDDEN_TAG, check_hash
+from .graded_build import kernel_code
 
 __all__ = [
     "HIDDEN_HEADER",
@@ -224,8 +225,6 @@ def restore(sub, release: Release, *, hidden: dict[str, str] | None = None
     right after the exercise's check. Returns ``(run_nb, slots, origin)``: the notebook, the graded cells, and for every run cell
     its index in the submission (``None`` for a cell the grader put there).
     """
-    from .graded_build import kernel_code
-
     cells = []
     origin: list[int | None] = []
     for i, cell in enumerate(sub.cells):
