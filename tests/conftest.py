@@ -30,6 +30,18 @@ import signal as _signal
 _WATCHED = (_signal.SIGINT, _signal.SIGTERM)
 
 
+def pytest_configure(config):
+    """A run started with SIGINT ignored (``make test &`` from a script, ``nohup``, a CI runner that
+    starts its steps in the background) hands the ignore down to every process a test starts: Python
+    then installs no KeyboardInterrupt handler in them, and each Ctrl-C test waited out its timeout and
+    failed (9 failures and 2 errors, 30-60 s each, measured 2026-12-07). Such a run is not in the
+    terminal's foreground, so no keyboard reaches it: hear SIGINT as an interactive Python would
+    (here, in each xdist worker, and so in every process they start)."""
+    if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, [_signal.SIGINT])
+
+
 def _signal_state():
     return ({s: _signal.getsignal(s) for s in _WATCHED},
             frozenset(_signal.pthread_sigmask(_signal.SIG_BLOCK, [])))
