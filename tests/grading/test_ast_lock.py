@@ -21,29 +21,51 @@ GRADING = Path(grading.__file__).parent
 OTHER_PROCESSES = {"judge.py", "harness.py"}
 
 
+def _bindings(tree: ast.Module, filename: str) -> tuple[set[str], dict[str, str]]:
+    """What the module's names stand for: the names bound to the ``ast`` module (``import ast as a``),
+    and each name bound to a parse — ``"ast.parse"``, ``"ast.literal_eval"`` (``from ast import
+    parse as p``) or ``"locked"`` (``graded_build.parse``, imported or, in graded_build, defined)."""
+    modules, names = set(), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name == "ast"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "ast":
+            names |= {a.asname or a.name: f"ast.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "graded_build":
+            names |= {a.asname or a.name: "locked" for a in node.names if a.name == "parse"}
+        elif isinstance(node, ast.FunctionDef) and node.name == "parse" and filename == "graded_build.py":
+            names["parse"] = "locked"
+    return modules, names
+
+
 def _unlocked_parses(source: str, filename: str) -> list[str]:
     tree = ast.parse(source)
+    modules, names = _bindings(tree, filename)
     inside_parse = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "parse" and filename == "graded_build.py":
             inside_parse |= {id(n) for n in ast.walk(node)}
+
+    def meaning(f) -> str | None:
+        """``"ast.parse"``, ``"ast.literal_eval"``, ``"locked"``, ``"compile"`` or None (anything else)."""
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in modules:
+            return f"ast.{f.attr}"
+        if isinstance(f, ast.Name):
+            return names.get(f.id, "compile" if f.id == "compile" else None)
+        return None
+
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or id(node) in inside_parse:
             continue
-        f = node.func
-        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
-        where = f"{filename}:{node.lineno}"
-        if name == "parse" and isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) \
-                and f.value.id == "ast":
+        what, where = meaning(node.func), f"{filename}:{node.lineno}"
+        if what == "ast.parse":
             found.append(f"{where} ast.parse")
-        elif name == "literal_eval":
+        elif what == "ast.literal_eval":
             arg = node.args[0] if node.args else None
-            locked = (isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name)
-                      and arg.func.id == "parse")
-            if not locked:
+            if not (isinstance(arg, ast.Call) and meaning(arg.func) == "locked"):
                 found.append(f"{where} literal_eval of a string (it parses it, without the lock)")
-        elif name == "compile" and any(isinstance(a, ast.Attribute) and a.attr == "PyCF_ONLY_AST"
+        elif what == "compile" and any(isinstance(a, ast.Attribute) and a.attr == "PyCF_ONLY_AST"
                                        for a in ast.walk(node)):
             found.append(f"{where} compile(..., PyCF_ONLY_AST)")
     return found
@@ -60,7 +82,15 @@ def test_every_parse_of_the_grader_process_takes_the_lock():
 @pytest.mark.parametrize("source, expected", [
     ("import ast\nast.literal_eval(text)\n", ["m.py:2 literal_eval of a string"]),
     ("import ast\nast.parse(s)\n", ["m.py:2 ast.parse"]),
-    ("import ast\nast.literal_eval(parse(text, 'eval'))\n", []),
+    ("import ast\nfrom .graded_build import parse\nast.literal_eval(parse(text, 'eval'))\n", []),
+    ("from .graded_build import parse\nparse(s)\n", []),
+    # the same names, bound elsewhere: what the name stands for decides, not its spelling
+    ("from ast import parse\nparse(s)\n", ["m.py:2 ast.parse"]),
+    ("import ast as a\nfrom .graded_build import parse\na.literal_eval(parse(s, 'eval'))\na.parse(s)\n",
+     ["m.py:4 ast.parse"]),
+    ("from ast import literal_eval, parse\nliteral_eval(parse(s, 'eval'))\n",
+     ["m.py:2 literal_eval of a string", "m.py:2 ast.parse"]),
+    ("import ast\nimport ast as a\nclass P:\n    def parse(self, s): ...\nP().parse(s)\na.dump(x)\n", []),
 ])
 def test_the_scan_sees_an_unlocked_parse(source, expected):
     hits = _unlocked_parses(source, "m.py")
