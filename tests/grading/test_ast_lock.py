@@ -21,10 +21,10 @@ GRADING = Path(grading.__file__).parent
 OTHER_PROCESSES = {"judge.py", "harness.py"}
 
 
-def _bindings(tree: ast.Module, filename: str) -> tuple[set[str], dict[str, str]]:
-    """What the module's names stand for: the names bound to the ``ast`` module (``import ast as a``),
+def _bindings(tree: ast.Module) -> tuple[set[str], dict[str, str]]:
+    """What the module's imports bind: the names bound to the ``ast`` module (``import ast as a``),
     and each name bound to a parse — ``"ast.parse"``, ``"ast.literal_eval"`` (``from ast import
-    parse as p``) or ``"locked"`` (``graded_build.parse``, imported or, in graded_build, defined)."""
+    parse as p``) or ``"locked"`` (``graded_build.parse``)."""
     modules, names = set(), {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -33,18 +33,18 @@ def _bindings(tree: ast.Module, filename: str) -> tuple[set[str], dict[str, str]
             names |= {a.asname or a.name: f"ast.{a.name}" for a in node.names}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "graded_build":
             names |= {a.asname or a.name: "locked" for a in node.names if a.name == "parse"}
-        elif isinstance(node, ast.FunctionDef) and node.name == "parse" and filename == "graded_build.py":
-            names["parse"] = "locked"
     return modules, names
 
 
 def _unlocked_parses(source: str, filename: str) -> list[str]:
     tree = ast.parse(source)
-    modules, names = _bindings(tree, filename)
-    inside_parse = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == "parse" and filename == "graded_build.py":
-            inside_parse |= {id(n) for n in ast.walk(node)}
+    modules, names = _bindings(tree)
+    # graded_build defines the locked parse itself: its name is locked there, and its body is the lock
+    own = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "parse"
+           and filename == "graded_build.py"]
+    if own:
+        names["parse"] = "locked"
+    inside_parse = {id(n) for d in own for n in ast.walk(d)}
 
     def meaning(f) -> str | None:
         """``"ast.parse"``, ``"ast.literal_eval"``, ``"locked"``, ``"compile"`` or None (anything else)."""

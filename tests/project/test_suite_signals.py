@@ -24,10 +24,11 @@ def _sigint_ignored():
 
 def test_a_run_started_with_sigint_ignored_still_tests_ctrl_c(tmp_path):
     # the premise: a process started this way ignores SIGINT, and so would a test's script
-    probe = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"],
-                           preexec_fn=_sigint_ignored, capture_output=True, text=True, timeout=60)
+    ignored = "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"
+    probe = subprocess.run([sys.executable, "-c", ignored], preexec_fn=_sigint_ignored, capture_output=True,
+                           text=True, timeout=60)
     assert probe.stdout.strip() == "True", probe
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "--basetemp", str(tmp_path / "t"),
-                          CTRL_C_TEST], cwd=ROOT, preexec_fn=_sigint_ignored, capture_output=True, text=True,
-                         timeout=240)
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "--basetemp",
+                          str(tmp_path / "t"), CTRL_C_TEST], cwd=ROOT, preexec_fn=_sigint_ignored,
+                         capture_output=True, text=True, timeout=240)
     assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout[-4000:] + run.stderr[-2000:]
