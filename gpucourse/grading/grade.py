@@ -626,9 +626,11 @@ class Judges:
                         raise
         return self._cases[slot]
 
-    def compare(self, chapter: str, slot: str, values: str, submission: str | None = None) -> dict:
+    def compare(self, chapter: str, slot: str, values: str, submission: str | None = None,
+                seconds: float | None = None) -> dict:
         """The judge's verdict on ``values`` — failed, without a judge, for a ``submission`` whose
-        values have crashed or stalled a judge before."""
+        values have crashed or stalled a judge before. ``seconds``: the cell's time, as this process
+        measured it (a timed hidden check compares it with the course's)."""
         from .harness import JudgeCrashed
 
         if submission is not None and submission in self._crashed:
@@ -636,8 +638,10 @@ class Judges:
             return {"passed": False, "message": f"{slot}: not compared: an earlier check of this notebook "
                                                 f"sent values that made the judge {how}"}
         try:
-            return self._ask(chapter, {"op": "compare", "slot": slot, "seed": self.seed, "values": values},
-                             self.compare_timeout)
+            message = {"op": "compare", "slot": slot, "seed": self.seed, "values": values}
+            if seconds is not None:
+                message["seconds"] = seconds
+            return self._ask(chapter, message, self.compare_timeout)
         except JudgeCrashed as e:
             if submission is not None:
                 self._crashed[submission] = e.how
@@ -951,7 +955,11 @@ def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: d
         else:
             out["error"] = f"{label} sent no values (the check cell did not reach gc.check_exercise)"
         return out
-    verdict = judges.compare(chapter, slot.key, values, submission)
+    # a hidden check's cell is the grader's own (it runs only the cases), timed by the engine outside
+    # the kernel: a timed hidden check compares that time with the course's
+    seconds = row.get("seconds") if slot.kind == "hidden" else None
+    verdict = judges.compare(chapter, slot.key, values, submission,
+                             seconds=seconds if isinstance(seconds, (int, float)) else None)
     out["passed"] = bool(verdict.get("passed"))
     out["unsolved"] = not out["passed"] and verdict.get("not_implemented") is True
     if not out["passed"]:

@@ -49,6 +49,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -327,6 +328,22 @@ class Spec:
     hint: str = ""
     describe: Callable | None = None
     title: str = ""
+    max_slowdown: float | None = None       # hidden checks: timed by the grader (see check_hidden)
+
+
+#: a timed hidden check (``max_slowdown=``) may always take this long, however fast the course's
+#: answer ran: below it, a loaded machine's noise, not the learner's code, would decide
+TIMED_FLOOR_SECONDS = 3.0
+
+
+def time_limit(max_slowdown: float, course_seconds: float) -> float:
+    """The longest a timed hidden check's cases may take: ``max_slowdown`` times the course's answer
+    on the same inputs, and never less than :data:`TIMED_FLOOR_SECONDS`.
+
+        >>> time_limit(5, 0.1), time_limit(5, 1.0)
+        (3.0, 5.0)
+    """
+    return max(TIMED_FLOOR_SECONDS, max_slowdown * course_seconds)
 
 
 #: the judge fills this while it executes a solutions notebook (mode "judge")
@@ -601,15 +618,28 @@ def check_exercise(exercise: str, run: Callable, cases: Callable, *, compare: Ca
 
 def check_hidden(exercise: str, cases: Callable, *, compare: Callable | None = None,
                  rtol: float | None = None, atol: float | None = None, exact: bool | None = None,
-                 hint: str | None = None, describe: Callable | None = None) -> None:
+                 hint: str | None = None, describe: Callable | None = None,
+                 max_slowdown: float | None = None) -> None:
     """A hidden check (``solutions/`` only): more cases for the visible check's ``run``.
 
     The options default to the visible check's. In a graded run the grader inserts its own cell
     that runs these cases; the hidden check's source never reaches the learner's kernel.
+
+    ``max_slowdown``: the hidden cases are also *timed*, from outside the learner's kernel (the
+    grader's clock around the cell it inserted; a learner's own hidden check times them in the
+    kernel). They fail when they take longer than :func:`time_limit`: ``max_slowdown`` times the
+    course's answer on the same inputs, timed by the judge, and at least
+    :data:`TIMED_FLOOR_SECONDS`. Only for what a kernel cannot hide from the clock: an answer
+    orders of magnitude slower than the course's (01.1: a Python loop over a million rows), never a
+    speed a machine's load could decide.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython shows the learner's frames, not the harness's
     mode = _mode()
     slot = f"{exercise}/hidden"
+    if max_slowdown is not None and not (isinstance(max_slowdown, (int, float)) and math.isfinite(max_slowdown)
+                                         and max_slowdown >= 2):
+        raise ValueError(f"check_hidden({exercise!r}, …, max_slowdown={max_slowdown!r}): a number ≥ 2 "
+                         "(how many times the course's answer's time the hidden cases may take)")
     if mode == "judge":
         visible = SPECS.get(exercise)
         if visible is None:
@@ -619,7 +649,7 @@ def check_hidden(exercise: str, cases: Callable, *, compare: Callable | None = N
                            visible.rtol if rtol is None else rtol, visible.atol if atol is None else atol,
                            visible.exact if exact is None else exact, visible.forbid,
                            visible.hint if hint is None else hint, describe or visible.describe,
-                           _state.get("title", ""))
+                           _state.get("title", ""), max_slowdown)
         return
     if mode == "graded":
         print(f"(graded run: the grader runs the hidden checks of {exercise} itself)")
@@ -1063,8 +1093,6 @@ def _read_line(stream, timeout: float) -> bytes | None:
     buf = b""
     with selectors.DefaultSelector() as sel:
         sel.register(fd, selectors.EVENT_READ)
-        import time
-
         deadline = time.monotonic() + timeout
         while not buf.endswith(b"\n"):
             left = deadline - time.monotonic()
@@ -1247,9 +1275,13 @@ def _judge_one(judge: JudgeProcess, exercise: str, slot: str, run: Callable) -> 
     seed = None if public else _state["seed"]
     reply = judge.request({"op": "cases", "slot": slot, "seed": seed})
     cases = wire.loads(reply["cases"])
+    started = time.perf_counter()           # as the grader times its hidden cell: the cases, packed
     with forbidden(reply.get("forbid", ()), exercise):
         nodes = run_cases(run, cases, reply["seeds"])
-    verdict = judge.request({"op": "compare", "slot": slot, "seed": reply["seed"], "values": wire.pack(nodes)})
+    values = wire.pack(nodes)
+    seconds = time.perf_counter() - started
+    verdict = judge.request({"op": "compare", "slot": slot, "seed": reply["seed"], "values": values,
+                             "seconds": seconds, "clock": "kernel"})
     if not verdict["passed"]:
         message = verdict["message"]
         if public and "public case" not in message.splitlines()[0]:

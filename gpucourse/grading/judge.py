@@ -10,7 +10,10 @@ requests, one JSON object per line on stdin → stdout:
 ``{"op": "cases", "slot", "seed"}``            the slot's inputs as wire text, drawn from
                                                ``seed`` (``null``: a fresh random seed)
 ``{"op": "compare", "slot", "seed", "values"}`` the verdict on the values a kernel computed for
-                                               those inputs: ``{"passed", "message"}``
+                                               those inputs: ``{"passed", "message"}``; with
+                                               ``"seconds"`` (the grader's clock around the
+                                               cell; ``"clock": "kernel"`` where a learner's own
+                                               check timed itself), a timed hidden check's time too
 ``{"op": "reference", "slot", "seed"}``        the course's own values on those inputs (wire text;
                                                for the grader's tests — a judge answers only the
                                                process that started it, never a kernel it grades)
@@ -46,10 +49,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import signal
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -97,6 +102,7 @@ class Judge:
         self.check_hashes: dict[str, str] = {}  # visible slot -> the course's check cell (exercises.check_hash)
         self.cases_cache: dict = {}
         self.reference_cache: dict = {}
+        self.reference_seconds: dict = {}       # timed hidden checks: the course's time per (slot, seed)
         self._load()
 
     def _load(self) -> None:
@@ -263,17 +269,50 @@ class Judge:
         if key not in self.reference_cache:
             spec = self._spec(slot)
             text, seeds = self._draw(slot, seed)
-            nodes = harness.run_cases(spec.run, wire.loads(text), seeds)
-            for i, value in enumerate(wire.loads(wire.pack(nodes))):
+            times = []
+            # a timed check: the course's time, as the grader times a kernel's (the cases run and
+            # packed), the faster of two runs (the first pays for this process's first allocations)
+            for _ in range(2 if spec.max_slowdown else 1):
+                started = time.perf_counter()
+                nodes = harness.run_cases(spec.run, wire.loads(text), seeds)
+                packed = wire.pack(nodes)
+                times.append(time.perf_counter() - started)
+            for i, value in enumerate(wire.loads(packed)):
                 if isinstance(value, wire.Raised) and value.not_implemented:
                     raise RuntimeError(f"the course's answer to {slot} is not implemented (case {i + 1})")
-            self.reference_cache[key] = wire.pack(nodes)
+            self.reference_cache[key] = packed
+            self.reference_seconds[key] = min(times)
         return self.reference_cache[key]
 
-    def compare(self, slot: str, seed: int, values: str) -> dict:
+    def compare(self, slot: str, seed: int, values: str, seconds: float | None = None, *,
+                clock: str = "grader") -> dict:
         """The verdict on a kernel's values (wire text: one value per case) for the slot's inputs
         drawn from ``seed``: every case must have the structure of the course's value
-        (:mod:`.structure`) before the check's compare (or :func:`.harness.same`) looks at it."""
+        (:mod:`.structure`) before the check's compare (or :func:`.harness.same`) looks at it.
+
+        ``seconds``: how long the cases took, on ``clock``: ``"grader"`` (the engine's, outside the
+        kernel) or ``"kernel"`` (a learner's own check, timed where it ran). A timed hidden check
+        (``max_slowdown``) whose values are right fails when that is over
+        :func:`.harness.time_limit` of the course's time on the same inputs."""
+        verdict = self._compare_values(slot, seed, values)
+        spec = self.specs[slot]
+        if not verdict["passed"] or not spec.max_slowdown or seconds is None or self.public is not None:
+            return verdict
+        course = self.reference_seconds.get((slot, seed))
+        if course is None:
+            self.reference(slot, seed)
+            course = self.reference_seconds[(slot, seed)]
+        limit = harness.time_limit(spec.max_slowdown, course)
+        if seconds <= limit:
+            return {**verdict, "seconds": round(seconds, 3), "limit": round(limit, 3)}
+        return self._verdict(
+            False, f"hidden check of {spec.exercise}: every value was right, but its {verdict['cases']} cases took "
+                   f"{seconds:.2f} s, {CLOCKS[clock]}; the course's answer took "
+                   f"{course:.2f} s on the same inputs, and the limit is {limit:.2f} s ({spec.max_slowdown:g}× "
+                   f"that, at least {harness.TIMED_FLOOR_SECONDS:g} s). Work that grows with the inputs is "
+                   "still done one piece at a time in Python", spec, seed)
+
+    def _compare_values(self, slot: str, seed: int, values: str) -> dict:
         spec = self._spec(slot)
         text, _ = self._draw(slot, seed)
         cases = wire.loads(text)
@@ -430,6 +469,19 @@ def _no_live_ranks():
             del gpucourse.start_ranks
 
 
+#: how a timing failure names the clock that measured it (a compare request's ``clock``)
+CLOCKS = {"grader": "timed by the grader outside your kernel", "kernel": "timed in your kernel"}
+
+
+def _seconds(value) -> float | None:
+    """A compare request's ``seconds``: absent, or a finite number ≥ 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"seconds must be a finite number ≥ 0, got {value!r}")
+    return float(value)
+
+
 def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         import ctypes
@@ -475,7 +527,11 @@ def main(argv=None) -> int:
             elif op == "build":
                 reply = {"path": judge.build(msg["strip"], msg.get("exercises_of", {}), msg["root"])}
             elif op == "compare":
-                reply = judge.compare(msg["slot"], int(msg["seed"]), msg["values"])
+                clock = msg.get("clock", "grader")
+                if clock not in CLOCKS:
+                    raise ValueError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
+                reply = judge.compare(msg["slot"], int(msg["seed"]), msg["values"], _seconds(msg.get("seconds")),
+                                      clock=clock)
             elif op == "reference":
                 reply = {"slot": msg["slot"], "seed": int(msg["seed"]),
                          "values": judge.reference(msg["slot"], int(msg["seed"]))}

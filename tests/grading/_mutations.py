@@ -20,7 +20,7 @@ How one answer is run (what ``grade`` does, minus the kernel and the sandbox)::
              exercise's check, with the exercise's solution regions replaced by the wrong answer
              (``%%ranks`` cells included: they run on this process's live ranks)
     for each seed: harness.prime(slot, judge cases(slot, seed)); the check cell → values (wire text);
-    judge compare(slot, seed, values)            # passed / message
+    judge compare(slot, seed, values[, seconds]) # passed / message (a hidden check: its cell's time)
 
 Each answer is judged on :data:`SEEDS` (fixed, so a failure reproduces): a visible check that
 catches a wrong answer on one seed and not another is too weak, and fails this test.
@@ -32,6 +32,7 @@ import contextlib
 import io
 import json
 import os
+import time
 import types
 from pathlib import Path
 
@@ -61,8 +62,9 @@ class _Judge:
     def cases(self, slot: str, seed: int) -> dict:
         return self.process.request({"op": "cases", "slot": slot, "seed": seed})
 
-    def compare(self, slot: str, seed: int, values: str) -> dict:
-        return self.process.request({"op": "compare", "slot": slot, "seed": seed, "values": values})
+    def compare(self, slot: str, seed: int, values: str, seconds: float | None = None) -> dict:
+        extra = {} if seconds is None else {"seconds": seconds}
+        return self.process.request({"op": "compare", "slot": slot, "seed": seed, "values": values, **extra})
 
 
 def solutions_namespace(chapter: str) -> dict:
@@ -190,6 +192,7 @@ def verdicts(chapter: str, exercise: str, answer, *, seeds: list[int], hidden: b
                 key = "hidden" if "/" in slot else "visible"
                 payload = judge.cases(slot, seed)
                 harness.prime(slot, json.dumps(payload))
+                started = time.perf_counter()           # the hidden cell, timed as grade's engine does
                 with contextlib.redirect_stdout(io.StringIO()):
                     try:
                         if slot == exercise:
@@ -200,11 +203,12 @@ def verdicts(chapter: str, exercise: str, answer, *, seeds: list[int], hidden: b
                         out[key] = {"passed": False, "message": f"the check cell raised {type(e).__name__}: {e}"}
                         harness.collect()
                         continue
+                seconds = time.perf_counter() - started
                 values = harness.collect()
                 if values is None:
                     out[key] = {"passed": False, "message": "no values"}
                     continue
-                out[key] = judge.compare(slot, seed, values)
+                out[key] = judge.compare(slot, seed, values, seconds if key == "hidden" else None)
             results.append(out)
             harness._state["runs"].pop(exercise, None)
     finally:

@@ -202,6 +202,8 @@ for i in range(0, len(x), 64):                  # bounds the (rows, m, d) tempor
     out[i:i + 64] = ((x[i:i + 64, None, :] - y[None, :, :]) ** 2).sum(-1)
 return out
 """,
+        # a row loop with the kernel's call counter switched off (torch._C.DisableTorchFunction) passes the
+        # visible check and fails the hidden one on the grader's clock: test_timed_checks.py grades it
     },
     "01.2": {
         "threads capped at 16 (the cores)": _THREADS.format(split="gc.split_into_chunks(items, min(workers, 16))"),
