@@ -87,19 +87,25 @@ def test_the_judge_fails_right_values_over_the_limit_and_names_both_times(timed_
 @pytest.mark.skipif(isolation() != "bwrap", reason="grade needs bwrap (Debian package bubblewrap)")
 def test_grade_times_the_hidden_cell_itself(timed_release, tmp_path):
     """The engine times the hidden cell it inserted: an answer right on every input but slow on the
-    hidden check's large ones scores 0, with a message that says so; the quick one full marks."""
+    hidden check's large ones scores 0, with a message that says so, also where it stopped the
+    kernel's clocks first; the quick one full marks."""
     rel, sol = timed_release
     subs = tmp_path / "subs"
     tiny_submission(subs, "good", "return x * x")
     tiny_submission(subs, "slow", SLOW)
+    # the clocks a check in the kernel would read, stopped: the grader reads none of them
+    tiny_submission(subs, "slow_stopped_clocks", SLOW, before=True, extra=[
+        "import time\n_now, _ns = time.perf_counter(), time.perf_counter_ns()\n"
+        "time.perf_counter, time.perf_counter_ns = (lambda: _now), (lambda: _ns)"])
     out = tmp_path / "g.json"
     grade([str(subs)], release=str(rel), hidden_from=str(sol), workers=2, json_path=str(out),
           options=Options(cell_timeout=60, notebook_timeout=120))
     rows = {r["student"]: r for r in json.loads(out.read_text())["rows"]}
     assert (rows["good"]["visible"], rows["good"]["hidden"]) == ("✓", "✓"), rows["good"]
-    slow = rows["slow"]
-    assert (slow["visible"], slow["hidden"], slow["points"]) == ("✓", "✗", 0), slow
-    assert CLOCK in slow["error"] and "every value was right" in slow["error"], slow["error"]
+    for student in ("slow", "slow_stopped_clocks"):
+        r = rows[student]
+        assert (r["visible"], r["hidden"], r["points"]) == ("✓", "✗", 0), r
+        assert CLOCK in r["error"] and "every value was right" in r["error"], r["error"]
 
 
 def test_the_learners_own_hidden_check_is_timed_too(timed_release, monkeypatch):
