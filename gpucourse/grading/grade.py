@@ -638,10 +638,8 @@ class Judges:
             return {"passed": False, "message": f"{slot}: not compared: an earlier check of this notebook "
                                                 f"sent values that made the judge {how}"}
         try:
-            message = {"op": "compare", "slot": slot, "seed": self.seed, "values": values}
-            if seconds is not None:
-                message["seconds"] = seconds
-            return self._ask(chapter, message, self.compare_timeout)
+            return self._ask(chapter, {"op": "compare", "slot": slot, "seed": self.seed, "values": values,
+                                       "seconds": seconds}, self.compare_timeout)
         except JudgeCrashed as e:
             if submission is not None:
                 self._crashed[submission] = e.how

@@ -39,16 +39,21 @@ def tiny_solutions(extra_cells=(), hidden=False, points=None):
     return new_notebook(cells=cells)
 
 
-@pytest.fixture
-def tiny_release(tmp_path):
-    """(release folder, solutions folder) for chapter 99."""
-    sol, rel = tmp_path / "solutions", tmp_path / "release"
+def write_tiny_course(root: Path, nb) -> tuple[Path, Path]:
+    """``root/solutions`` holding ``nb`` (chapter 99's solutions) and ``root/release`` its release, as
+    ``make exercises`` builds it; returns (release folder, solutions folder)."""
+    sol, rel = root / "solutions", root / "release"
     sol.mkdir()
     rel.mkdir()
-    nb = tiny_solutions(hidden=True, points=3)
     nbformat.write(nb, sol / TINY)
     nbformat.write(make_exercise_notebook(nb, name=TINY), rel / TINY)
     return rel, sol
+
+
+@pytest.fixture
+def tiny_release(tmp_path):
+    """(release folder, solutions folder) for chapter 99."""
+    return write_tiny_course(tmp_path, tiny_solutions(hidden=True, points=3))
 
 
 def tiny_submission(folder: Path, student: str, answer: str, extra=(), before=False) -> Path:

@@ -63,8 +63,8 @@ class _Judge:
         return self.process.request({"op": "cases", "slot": slot, "seed": seed})
 
     def compare(self, slot: str, seed: int, values: str, seconds: float | None = None) -> dict:
-        extra = {} if seconds is None else {"seconds": seconds}
-        return self.process.request({"op": "compare", "slot": slot, "seed": seed, "values": values, **extra})
+        return self.process.request({"op": "compare", "slot": slot, "seed": seed, "values": values,
+                                     "seconds": seconds})
 
 
 def solutions_namespace(chapter: str) -> dict:

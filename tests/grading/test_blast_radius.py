@@ -20,13 +20,12 @@ import signal
 import threading
 import time
 
-import nbformat
 import pytest
-from _grading_helpers import TINY, tiny_submission
+from _grading_helpers import tiny_submission, write_tiny_course
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from gpucourse.grading import wire
-from gpucourse.grading.exercises import BEGIN, END, make_exercise_notebook
+from gpucourse.grading.exercises import BEGIN, END
 from gpucourse.grading.grade import Judges, Options, grade
 from gpucourse.grading.harness import JudgeCrashed, JudgeGone, JudgeProcess
 
@@ -57,18 +56,13 @@ gc.check_hidden("99.1", hidden_cases)"""
 @pytest.fixture
 def fragile_release(tmp_path):
     """(release, solutions) of a chapter 99 whose judge crashes on the value -11 and stalls on -5."""
-    sol, rel = tmp_path / "solutions", tmp_path / "release"
-    sol.mkdir()
-    rel.mkdir()
     nb = new_notebook(cells=[
         new_markdown_cell("# 99 · tiny"), new_code_cell("import gpucourse as gc"),
         new_markdown_cell("## Exercise 99.1 — square"),
         new_code_cell(f"def square(x):\n    {BEGIN}\n    return x * x\n    {END}"),
         new_code_cell(CHECK, metadata={"tags": ["check"], "points": 3}),
         new_code_cell(HIDDEN, metadata={"tags": ["hidden"]})])
-    nbformat.write(nb, sol / TINY)
-    nbformat.write(make_exercise_notebook(nb, name=TINY), rel / TINY)
-    return rel, sol
+    return write_tiny_course(tmp_path, nb)
 
 
 def values_of(judges: Judges, slot: str, answer) -> str:

@@ -31,11 +31,9 @@ import os
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
-from _grading_helpers import TINY, tiny_solutions, tiny_submission
+from _grading_helpers import TINY, tiny_solutions, tiny_submission, write_tiny_course
 
-from gpucourse.grading.exercises import make_exercise_notebook
 from gpucourse.grading.grade import Options, discover, grade
 from gpucourse.grading.sandbox import isolation
 
@@ -53,12 +51,8 @@ PHISH = ("[click here](https://evil.example/login) ![t](https://evil.example/t.p
 
 def _class(root: Path) -> tuple[Path, Path, Path]:
     """(release, solutions, subs): the tiny release and a class with every attack in it."""
-    sol, rel, subs = root / "solutions", root / "release", root / "subs"
-    sol.mkdir()
-    rel.mkdir()
-    nb = tiny_solutions(hidden=True, points=3)
-    nbformat.write(nb, sol / TINY)
-    nbformat.write(make_exercise_notebook(nb, name=TINY), rel / TINY)
+    subs = root / "subs"
+    rel, sol = write_tiny_course(root, tiny_solutions(hidden=True, points=3))
     zoe = tiny_submission(subs, "zoe", "return x * x")                     # the honest classmate
     (subs / "mallory").mkdir()
     (subs / "mallory" / TINY).symlink_to(sol / TINY)                       # the course's answers

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from _grading_helpers import HIDDEN, TINY, tiny_solutions, tiny_submission
+from _grading_helpers import HIDDEN, tiny_solutions, tiny_submission, write_tiny_course
 from make_corpus import solved
 
 from gpucourse.grading import harness
-from gpucourse.grading.exercises import make_exercise_notebook
 from gpucourse.grading.grade import Options, grade
 from gpucourse.grading.sandbox import isolation
 
@@ -34,15 +33,10 @@ SLOW = "import time\n    time.sleep(2 if abs(x) >= 10**5 else 0)\n    return x *
 @pytest.fixture
 def timed_release(tmp_path):
     """(release, solutions) of the tiny chapter 99 whose hidden check is timed (max_slowdown=3)."""
-    sol, rel = tmp_path / "solutions", tmp_path / "release"
-    sol.mkdir()
-    rel.mkdir()
     nb = tiny_solutions(hidden=True)
     hidden = next(c for c in nb.cells if "hidden" in c.metadata.get("tags", []))
     hidden.source = TIMED
-    nbformat.write(nb, sol / TINY)
-    nbformat.write(make_exercise_notebook(nb, name=TINY), rel / TINY)
-    return rel, sol
+    return write_tiny_course(tmp_path, nb)
 
 
 def test_the_limit_is_k_times_the_course_and_never_under_the_floor():
