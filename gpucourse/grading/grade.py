@@ -789,9 +789,10 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
         return run_job(job, work=work, limits=options.limits, mode=mode, wall=options.notebook_timeout + 180,
                        hide=options.hide, files={sub.path.name: sub.data}, package=package)
 
-    def judged(slot: Slot, rec: dict) -> dict:
-        return _judge_slot(slot, rec, judges, release.chapter, slots_of_judge, nb,
-                           submission=f"{sub.student}: {sub.path}")
+    def judged(slot: Slot, rec: dict, strip: tuple[str, ...] = ()) -> dict:
+        out = _judge_slot(slot, rec, judges, release.chapter, slots_of_judge, nb,
+                          submission=f"{sub.student}: {sub.path}")
+        return _note_disabled(out, strip, slots_of_judge.get(slot.id, {}).get("forbid", []))
 
     # 0) with bwrap, where every exercise is checked in a run without some helpers (the judge's plan has
     #    no plain run) and one of those runs' builds lacks nothing a cell outside the checks names, the
@@ -805,7 +806,7 @@ def grade_notebook(sub: Submission, releases: dict[str, Release], *, judges: Jud
         if not _reached_a_stripped_helper(tried):
             record = tried
     if record is not None:
-        results = {slot.key: judged(slot, record) for slot in slots}
+        results = {slot.key: judged(slot, record, first[0]) for slot in slots}
         if any(_names_forbidden_call(f"{r['error']} {r['message']}") for r in results.values()):
             record = None                   # a check's own run (a rank) met a stripped helper
     if record is not None:
@@ -864,7 +865,7 @@ def _first_build(judges: "Judges", release: Release, nb, slots: list[Slot]) -> t
     notebook; no exercise needs a helper that build strips (the plan's ``needs``: the helpers each
     check and answer use, through other course code too); and no code cell but the checks names one
     (a cell that reaches one otherwise is found when it runs: ForbiddenCall). ``None``: grade as before,
-    an ordinary run and then the stripped ones. Chapters 00, 01, 06, 08 and 10 are one such run."""
+    an ordinary run and then the stripped ones. Chapters 00, 01, 08 and 10 are one such run."""
     submitted = {cid: _answer_sources(nb, cid) for cid in release.checks}
     plan = judges.plan(release.chapter, submitted)
     runs = plan.get("runs", [])
@@ -918,9 +919,23 @@ def _recheck_without_helpers(judges: "Judges", release: Release, nb, slots: list
         rec = one_run(mine, judges.build(release.chapter, tuple(strip)), max(mine))
         for slot in slots:
             if slot.id in todo and slot.index in mine:
-                results[slot.key] = judged(slot, rec)
+                results[slot.key] = judged(slot, rec, tuple(strip))
         records.append(rec)
     return records
+
+
+def _note_disabled(result: dict, strip, forbid) -> dict:
+    """A failed check that ran with PyTorch operators it forbids made no-ops (:mod:`.torch_ops`) says so:
+    an answer that called one sees its values unchanged, and would not know why."""
+    disabled = [n for n in strip if n in forbid and n.startswith("torch.")]
+    if result["passed"] or not disabled:
+        return result
+    note = (f"this check ran with a PyTorch in which {' and '.join(disabled)} "
+            f"{'does' if len(disabled) == 1 else 'do'} nothing, as the exercise forbids "
+            f"{'it' if len(disabled) == 1 else 'them'}: an answer that calls "
+            f"{'it' if len(disabled) == 1 else 'one'}, under any name, leaves its arguments unchanged")
+    return dict(result, error=f"{result['error']} ({note})" if result["error"] else note,
+                message=f"{result['message']}\n\nNote: {note}." if result["message"] else note)
 
 
 def _judge_slot(slot: Slot, record: dict, judges: Judges, chapter: str, known: dict, nb,

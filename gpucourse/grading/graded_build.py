@@ -37,6 +37,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import json
 import os
 import re
 import shutil
@@ -45,16 +46,29 @@ import sys
 import threading
 from pathlib import Path
 
+from . import torch_ops
+
 __all__ = ["build", "chapter_needs", "plan_for", "plan_runs", "reachable", "strippable"]
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 _NAME = re.compile(r"^gc\.[A-Za-z_]\w*(\.[A-Za-z_]\w*)?$")
+#: next to a build's package: ``[[file of the build, the file it stands for], …]`` (the sandbox binds each)
+OVERLAYS = "overlays.json"
 
 
 def strippable(name: str) -> bool:
-    """Whether ``name`` (``"gc.scatter"``, ``"gc.DistEnv.to_environ"``) is a course helper that a
-    graded build can leave out (PyTorch's own functions cannot be: they stay behind the runtime gate)."""
-    return bool(_NAME.match(name))
+    """Whether a graded build can leave ``name`` out: a course helper (``"gc.scatter"``,
+    ``"gc.DistEnv.to_environ"``), or one of PyTorch's operators that :mod:`.torch_ops` can make a
+    no-op where this torch exports it (asked in the judge, which imports torch). PyTorch's Python
+    classes (``torch.amp.GradScaler``, ``DistributedDataParallel``) stay behind the runtime gate."""
+    if _NAME.match(name):
+        return True
+    return name in torch_ops.OPERATORS and _patchable(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _patchable(name: str) -> bool:
+    return torch_ops.patchable(name)
 
 
 def plan_runs(forbids: dict[str, set[str]], needs: dict[str, set[str]]
@@ -161,6 +175,13 @@ def build(stripped, exercises_of: dict[str, list[str]], root: Path) -> Path:
     dest = root / "gpucourse"
     if dest.exists():
         return dest
+    operators = sorted(n for n in stripped if n in torch_ops.OPERATORS)
+    if operators:
+        # PyTorch's own operators: a copy of libtorch_cpu.so in which they do nothing, shown by the
+        # sandbox where the library is (OVERLAYS lists it)
+        lib = torch_ops.write_library(operators, root / "torch" / "libtorch_cpu.so")
+        (root / OVERLAYS).write_text(json.dumps([[str(lib), str(torch_ops.library_path())]]))
+    stripped = [n for n in stripped if n not in torch_ops.OPERATORS]
     shutil.copytree(_PACKAGE, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     by_file: dict[Path, dict[tuple[str, ...], str]] = {}
     for name in sorted(stripped):
@@ -212,10 +233,11 @@ def _course_callables(obj) -> list:
     return [obj] if inspect.isfunction(obj) else []
 
 
-def reachable(names: set[str]) -> set[str]:
+def reachable(names: set[str], identifiers: set[str] | None = None) -> set[str]:
     """Every public ``gc.*`` helper that calling ``names`` can reach through the package's own code
     (names looked up in each function's globals, so ``scatter(...)`` inside DataParallel is
-    ``gc.scatter`` and a learner's own ``scatter`` is not).
+    ``gc.scatter`` and a learner's own ``scatter`` is not). ``identifiers``, if given, collects every
+    name and attribute that code reads (which PyTorch operators it uses: :func:`_needs`).
 
     Example::
 
@@ -244,6 +266,8 @@ def reachable(names: set[str]) -> set[str]:
             except (OSError, TypeError, SyntaxError):
                 continue
             g = fn.__globals__
+            if identifiers is not None:
+                identifiers |= _identifiers(tree)
             for node in ast.walk(tree):
                 target = None
                 if isinstance(node, ast.Name):
@@ -317,9 +341,27 @@ def chapter_needs(nb) -> tuple[set[str], dict[str, set[str]], dict[str, set[str]
             at_check.setdefault(current, []).append(source)
         if "check" in tags:
             checked.add(current)
-    return (reachable(_named_as_gc(setup, candidates)),
-            {e: reachable(_named_as_gc(srcs, candidates)) for e, srcs in sections.items()},
-            {e: reachable(_named_as_gc(srcs, candidates)) for e, srcs in at_check.items()})
+    return (_needs(setup, candidates), {e: _needs(srcs, candidates) for e, srcs in sections.items()},
+            {e: _needs(srcs, candidates) for e, srcs in at_check.items()})
+
+
+def _identifiers(tree) -> set[str]:
+    """The names and attributes code reads (``torch.amp.GradScaler``: ``torch``, ``amp``, ``GradScaler``)."""
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(tree)
+            if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def _needs(sources: list[str], candidates: set[str]) -> set[str]:
+    """What notebook code needs: the ``gc.*`` helpers it names and all they reach, and the PyTorch
+    operators of :mod:`.torch_ops` that it or those helpers use (``GradScaler`` uses both)."""
+    identifiers: set[str] = set()
+    for src in sources:
+        try:
+            identifiers |= _identifiers(parse(src))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+    helpers = reachable(_named_as_gc(sources, candidates), identifiers)
+    return helpers | torch_ops.needed_by(identifiers)
 
 
 #: the arguments of a check whose functions run in the judge, never in the kernel

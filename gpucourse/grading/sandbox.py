@@ -56,6 +56,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .graded_build import OVERLAYS
+
 __all__ = ["Limits", "descendants", "isolation", "kill_token", "run_job", "shepherd_main"]
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -370,6 +372,11 @@ def _bwrap_argv(work: Path, hide: list[Path], *, limits: Limits | None = None,
             source = package if package is not None and path == _GRADING_DIR.parent else path
             argv += _parent_dirs(path, mounted, made) + ["--ro-bind", str(source), str(path)]
             mounted.append(str(path))
+    # a graded build's files that stand for the environment's (a libtorch_cpu.so whose forbidden
+    # operators do nothing: .torch_ops), bound over them
+    if package is not None and (package.parent / OVERLAYS).is_file():
+        for source, target in json.loads((package.parent / OVERLAYS).read_text()):
+            argv += ["--ro-bind", source, target]
     for h in hide:                       # e.g. a solutions folder that lives inside the environment
         h = h.resolve()
         if h.exists() and any(s == h or s in h.parents for s in shown) and not any(
