@@ -194,6 +194,12 @@ def blocked_summary(stacks: dict[int, str], chosen: list[int]) -> str:
         >>> s = 'Current thread (most recent call first):\\n  File "torch/distributed/distributed_c10d.py", line 3387 in send\\n'
         >>> blocked_summary({0: s, 1: s}, [0, 1])
         'rank 0 in send, rank 1 in send: both ranks send first, and each send waits for a recv the other rank never reaches'
+        >>> busy = ('Current thread (most recent call first):\\n'
+        ...         '  File "gpucourse/basics/workloads.py", line 85 in torch_work\\n'
+        ...         '  File "gpucourse/basics/parallel.py", line 129 in _process_worker\\n')
+        >>> print(blocked_summary({0: busy}, [0, 1]))    # doctest: +NORMALIZE_WHITESPACE
+        rank 0 in torch_work: it was not inside a torch.distributed call: it was still running its own
+        code (an endless loop, work too slow for the timeout, or a process stuck in a library)
     """
     positions, why = blocked_report(stacks, chosen)
     return positions + (f": {why}" if why else "")
@@ -203,11 +209,24 @@ def blocked_report(stacks: dict[int, str], chosen: list[int]) -> tuple[str, str]
     """``(where each blocked rank waits, why)``; ``why`` is ``""`` when the pattern is not a known one."""
     if not stacks:
         return "", ""
-    ops, parts = {}, []
+    ops, parts, talking = {}, [], {}
     for r in sorted(stacks):
         op, where = position(stacks[r])
+        frames = _frames(stacks[r])
+        talking[r] = op == "wait" or any("torch/distributed/" in p.replace("\\", "/") for p, _, _ in frames)
+        if not talking[r] and op is not None:
+            # no message or collective on its stack: name the course function it runs in, not the
+            # outermost one (parallel_map's worker, not the collective it is not)
+            op = next((f for p, _, f in frames
+                       if "gpucourse/" in p.replace("\\", "/") and f not in _WRAPPERS), op)
         ops[r] = op
         parts.append(f"rank {r} in {op or 'Python code'}" + (f" ({where})" if where else ""))
+    if not any(talking.values()):
+        one = len(stacks) == 1
+        return ", ".join(parts), (
+            f"{'it was not' if one else 'none of them was'} inside a torch.distributed call: "
+            f"{'it was' if one else 'they were'} still running {'its' if one else 'their'} own code "
+            "(an endless loop, work too slow for the timeout, or a process stuck in a library)")
     finished = [r for r in chosen if r not in stacks]
     kinds = {_POINT_TO_POINT.get(op or "", op) for op in ops.values()}
     why = ""
