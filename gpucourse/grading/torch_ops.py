@@ -50,7 +50,8 @@ OPERATORS = {
     "torch._amp_foreach_non_finite_check_and_unscale_": (
         {"_amp_foreach_non_finite_check_and_unscale_", "_amp_foreach_non_finite_check_and_unscale",
          "GradScaler", "_unscale_grads_"},
-        ["_ZN2at6native46_amp_foreach_non_finite_check_and_unscale_cpu_EN3c108ArrayRefINS_6TensorEEERS3_RKS3_",
+        ["_ZN2at6native46_amp_foreach_non_finite_check_and_unscale_cpu_"
+         "EN3c108ArrayRefINS_6TensorEEERS3_RKS3_",
          "_ZN2at3cpu42_amp_foreach_non_finite_check_and_unscale_EN3c108ArrayRefINS_6TensorEEERS3_RKS3_"],
         "_ZN2at6native12DispatchStubIPFvN3c108ArrayRefINS_6TensorEEERS4_RKS4_ENS0_72_amp_foreach_non_finite_"
         "check_and_unscale_cpu_stub_DECLARE_DISPATCH_typeEE{}E",
@@ -105,7 +106,8 @@ def patches(names) -> list[tuple[int, bytes, bytes]]:
 
     machine = platform.machine()
     if machine not in _RETURN or not os.path.exists("/proc/self/maps"):
-        raise LookupError(f"no way to leave a torch operator out on {machine} (x86_64 and aarch64 Linux only)")
+        raise LookupError(f"no way to leave a torch operator out on {machine} "
+                          "(x86_64 and aarch64 Linux only)")
     lib_path = library_path()
     lib = ctypes.CDLL(str(lib_path))
     maps = _mapped(lib_path)
@@ -140,7 +142,8 @@ def patches(names) -> list[tuple[int, bytes, bytes]]:
         if not kernels:
             raise LookupError(f"{name}: this torch's dispatch stub holds no CPU kernel")
         for address in addresses:
-            skip = len(_BRANCH_TARGETS[machine]) if ctypes.string_at(address, 4) == _BRANCH_TARGETS[machine] else 0
+            landing = _BRANCH_TARGETS[machine]             # an indirect call's landing pad stays
+            skip = len(landing) if ctypes.string_at(address, len(landing)) == landing else 0
             here = ctypes.string_at(address + skip, len(returns))
             out[address] = (offset(address) + skip, here, returns)
     return sorted(out.values())
@@ -166,7 +169,8 @@ def write_library(names, dest: Path) -> Path:
             f.seek(offset)
             found = f.read(len(before))
             if found != before:        # the mapping and the file disagree: never write blind
-                raise RuntimeError(f"{source} at {offset:#x}: {found.hex()} on disk, {before.hex()} in memory")
+                raise RuntimeError(f"{source} at {offset:#x}: {found.hex()} on disk, "
+                                   f"{before.hex()} in memory")
             f.seek(offset)
             f.write(after)
     os.chmod(dest, 0o555)
