@@ -289,6 +289,22 @@ def test_hang_raises_timeout_error_naming_ranks_and_where():
     assert "--- rank 0 was here when stopped ---" in msg and "in fn" in msg
 
 
+def test_a_rank_still_computing_is_not_said_to_skip_a_collective():
+    """parallel_map's ranks call no collective: one still working when the timeout comes is named in
+    the course function it runs, not blamed on a collective its twin "finished without calling"."""
+    def work(n):
+        if n:
+            while True:
+                gc.torch_work(1, size=8)
+        return n
+
+    with pytest.raises(TimeoutError) as info:
+        gc.parallel_map(work, [0, 1], workers=2, backend="process", timeout=4)
+    blocked = info.value.blocked
+    assert blocked.startswith("rank 1 in torch_work"), blocked
+    assert "not inside a torch.distributed call" in blocked and "collective" not in blocked, blocked
+
+
 # --- cleanup and re-runs ----------------------------------------------------------------------
 
 def test_no_process_left_behind_after_failure_including_grandchildren(tmp_path):
