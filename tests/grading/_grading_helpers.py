@@ -1,5 +1,7 @@
-"""Shared helpers for the grading tests: a tiny release built by the real generator."""
+"""Shared helpers for the grading tests: a tiny release built by the real generator, and a class
+of course notebooks graded as an instructor would."""
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -70,3 +72,19 @@ def tiny_submission(folder: Path, student: str, answer: str, extra=(), before=Fa
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
     return path
+
+
+def grade_class(tmp_path: Path, notebooks: dict) -> dict:
+    """``grade --hidden`` (2 workers) over ``{student: (notebook, file name)}`` against the course's
+    release and solutions: the gradebook's JSON (``rows``, ``notebooks``)."""
+    from gpucourse.grading.grade import Options, grade
+
+    root = Path(__file__).resolve().parents[2]
+    subs = tmp_path / "subs"
+    for student, (nb, name) in notebooks.items():
+        (subs / student).mkdir(parents=True)
+        nbformat.write(nb, subs / student / name)
+    out = tmp_path / "g.json"
+    grade([str(subs)], release=str(root / "exercises"), hidden_from=str(root / "solutions"), workers=2,
+          json_path=str(out), quiet=True, options=Options(cell_timeout=120, notebook_timeout=300))
+    return json.loads(out.read_text())

@@ -12,7 +12,6 @@ its own cannot make the test pass.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import subprocess
 import sys
@@ -21,10 +20,10 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from _grading_helpers import grade_class
 
 import gpucourse as gc
 from gpucourse.grading import torch_ops
-from gpucourse.grading.grade import Options, grade
 from gpucourse.grading.sandbox import isolation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,17 +179,13 @@ def test_every_route_is_right_where_torch_is_whole():
 def test_every_route_to_a_forbidden_operator_scores_zero_and_honest_work_full_marks(tmp_path):
     nb0 = nbformat.read(NOTEBOOK, as_version=4)
     at_061, at_062 = _answer_cells(nb0)
-    subs = tmp_path / "subs"
+    notebooks = {}
     for student, (answer_061, answer_062) in [*ROUTES.items(), ("honest", (None, None))]:
         nb = copy.deepcopy(nb0)
         nb.cells[at_061].source = answer_061 or nb.cells[at_061].source
         nb.cells[at_062].source = answer_062 or nb.cells[at_062].source
-        (subs / student).mkdir(parents=True)
-        nbformat.write(nb, subs / student / NOTEBOOK.name)
-    out = tmp_path / "g.json"
-    grade([str(subs)], release=str(ROOT / "exercises"), hidden_from=str(ROOT / "solutions"), workers=2,
-          json_path=str(out), quiet=True, options=Options(cell_timeout=120, notebook_timeout=300))
-    data = json.loads(out.read_text())
+        notebooks[student] = (nb, NOTEBOOK.name)
+    data = grade_class(tmp_path, notebooks)
     rows = {(r["student"], r["exercise"]): r for r in data["rows"]}
     for student, (answer_061, answer_062) in ROUTES.items():
         for exercise, answer, op in (

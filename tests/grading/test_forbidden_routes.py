@@ -9,14 +9,13 @@ are spelled so the answer-cell scan cannot see them: the point is what the kerne
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import nbformat
 import pytest
+from _grading_helpers import grade_class
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from gpucourse.grading.grade import Options, grade
 from gpucourse.grading.sandbox import isolation
 from gpucourse.grading.selfcheck import check_notebook
 
@@ -104,14 +103,7 @@ def _answered(answers: dict) -> dict:
 
 def _graded_rows(tmp_path, notebooks: dict) -> dict:
     """``grade --hidden`` over ``{student: (notebook, file name)}``: the rows by (student, exercise)."""
-    subs = tmp_path / "subs"
-    for student, (nb, name) in notebooks.items():
-        (subs / student).mkdir(parents=True)
-        nbformat.write(nb, subs / student / name)
-    out = tmp_path / "g.json"
-    grade([str(subs)], release=str(ROOT / "exercises"), hidden_from=str(ROOT / "solutions"), workers=2,
-          json_path=str(out), quiet=True, options=Options(cell_timeout=120, notebook_timeout=300))
-    return {(r["student"], r["exercise"]): r for r in json.loads(out.read_text())["rows"]}
+    return {(r["student"], r["exercise"]): r for r in grade_class(tmp_path, notebooks)["rows"]}
 
 
 def _assert_forbidden(row) -> None:
@@ -231,18 +223,14 @@ def test_one_run_grades_an_honest_notebook_and_a_helper_used_outside_the_exercis
     A cell outside the exercise that uses the helper is no error of the student's: the notebook is
     then graded as before — an ordinary run, and 00.2 again without the helper — full marks both
     ways, and the run that met the helper does not count (three runs where the name was unseen)."""
-    subs = tmp_path / "subs"
     solved = ROOT / "solutions" / "00_setup_exercises.ipynb"
+    notebooks = {}
     for student, extra in (("plain", None), *AFTER_00.items()):
         nb = nbformat.read(solved, as_version=4)
         if extra:
             nb.cells.append(new_code_cell(extra))
-        (subs / student).mkdir(parents=True)
-        nbformat.write(nb, subs / student / solved.name)
-    out = tmp_path / "g.json"
-    grade([str(subs)], release=str(ROOT / "exercises"), hidden_from=str(ROOT / "solutions"), workers=2,
-          json_path=str(out), quiet=True, options=Options(cell_timeout=120, notebook_timeout=300))
-    data = json.loads(out.read_text())
+        notebooks[student] = (nb, solved.name)
+    data = grade_class(tmp_path, notebooks)
     runs = {n["student"]: n["runs"] for n in data["notebooks"]}
     assert runs == {"plain": 1, "named": 2, "unseen": 3}, runs
     for n in data["notebooks"]:
