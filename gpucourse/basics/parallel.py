@@ -129,6 +129,26 @@ def _process_worker(rank, world_size, fn, chunks, assignment, op):
     return [(c, *_run_chunk(fn, chunks[c], op, c, rank)) for c in assignment[rank]]
 
 
+def _wait_until_exited(threads, limit: float = 1.0) -> None:
+    """Wait (at most ``limit`` s) until the joined ``threads`` have left the operating system too.
+
+    ``Thread.join()`` returns once a thread's Python state is gone, but its OS thread still runs the
+    C libraries' per-thread clean-up (torch's, MKL's, OpenMP's thread-local state) — some of it under
+    a lock. A process forked in that moment (``backend="process"``, ``gc.launch``) inherits the lock
+    held by a thread it does not have, and its first matrix product can wait for it forever: lesson
+    01 timed threads, then processes, and once in a few hundred forks a rank hung in ``x @ q``.
+    Linux lists a process's threads in ``/proc/self/task``; elsewhere this returns at once.
+    """
+    import os
+
+    ids = [t.native_id for t in threads if getattr(t, "native_id", None)]
+    if not ids or not os.path.isdir("/proc/self/task"):
+        return
+    deadline = time.monotonic() + limit
+    while any(os.path.exists(f"/proc/self/task/{i}") for i in ids) and time.monotonic() < deadline:
+        time.sleep(0.0002)
+
+
 def _run_threads(fn, chunks, assignment, op, timeout):
     results: list[Any] = [None] * len(chunks)
     records: list[Any] = [None] * len(chunks)
@@ -157,6 +177,8 @@ def _run_threads(fn, chunks, assignment, op, timeout):
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     stuck = [w for w, t in enumerate(threads) if t.is_alive()]
+    if not stuck:
+        _wait_until_exited(threads)
     if stuck:
         raise TimeoutError(
             f"parallel_map: thread worker(s) {stuck} did not finish within {timeout:g} s. Python "
