@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
 import sys
 import threading
 import time
@@ -139,8 +140,6 @@ def _wait_until_exited(threads, limit: float = 1.0) -> None:
     01 timed threads, then processes, and once in a few hundred forks a rank hung in ``x @ q``.
     Linux lists a process's threads in ``/proc/self/task``; elsewhere this returns at once.
     """
-    import os
-
     ids = [t.native_id for t in threads if getattr(t, "native_id", None)]
     if not ids or not os.path.isdir("/proc/self/task"):
         return
@@ -177,13 +176,12 @@ def _run_threads(fn, chunks, assignment, op, timeout):
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
     stuck = [w for w, t in enumerate(threads) if t.is_alive()]
-    if not stuck:
-        _wait_until_exited(threads)
     if stuck:
         raise TimeoutError(
             f"parallel_map: thread worker(s) {stuck} did not finish within {timeout:g} s. Python "
             "threads cannot be stopped from outside: they keep running in the background until "
             "fn returns. Pass a larger timeout=, or use backend='process' (which can be killed).")
+    _wait_until_exited(threads)
     if errors:
         first = min(errors)
         err = errors[first]

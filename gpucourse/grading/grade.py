@@ -43,6 +43,7 @@ from .gradebook import (ERROR_LIMIT, NAME_LIMIT, NotAGradebook, Row, Update, cut
                         write_totals)
 from .restore import NotANotebook, Release, Slot, chapter_of, load_releases, parse_notebook, restore
 from .sandbox import Limits, describe, isolation, run_job
+from .torch_ops import OPERATORS
 
 __all__ = ["Judges", "Options", "Submission", "discover", "find_solutions", "grade", "grade_notebook",
            "one_per_chapter"]
@@ -927,7 +928,7 @@ def _recheck_without_helpers(judges: "Judges", release: Release, nb, slots: list
 def _note_disabled(result: dict, strip, forbid) -> dict:
     """A failed check that ran with PyTorch operators it forbids made no-ops (:mod:`.torch_ops`) says so:
     an answer that called one sees its values unchanged, and would not know why."""
-    disabled = [n for n in strip if n in forbid and n.startswith("torch.")]
+    disabled = [n for n in strip if n in forbid and n in OPERATORS]
     if result["passed"] or not disabled:
         return result
     note = (f"this check ran with a PyTorch in which {' and '.join(disabled)} "
