@@ -41,6 +41,7 @@ Everything the kernel reports is a *claim* about your code's values; only the ri
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import math
@@ -218,13 +219,14 @@ def same(got, want, *, rtol: float | None = None, atol: float | None = None, exa
         ok_type = isinstance(got, (int, float, complex)) and not isinstance(got, bool)
         expect(ok_type, f"{what}: expected the number {_short(want)}, got {_short(got)} (a {_kind(got)})")
         if exact:
-            expect(got == want or (got != got and want != want), f"{what}: expected {want!r}, got {got!r}")
+            expect(got == want or (got != got and want != want)
+                   or _within_rounding_across_machines(got, want), f"{what}: expected {want!r}, got {got!r}")
             return
         r = 1e-7 if rtol is None else rtol
         a = 1e-12 if atol is None else atol
         both_nan = isinstance(got, float) and math.isnan(got) and isinstance(want, float) and math.isnan(want)
-        expect(both_nan or abs(got - want) <= a + r * abs(want),
-               f"{what}: expected {want!r}, got {got!r}")
+        expect(both_nan or abs(got - want) <= a + r * abs(want)
+               or _within_rounding_across_machines(got, want), f"{what}: expected {want!r}, got {got!r}")
         return
     if isinstance(want, (list, tuple)):
         expect(isinstance(got, (list, tuple)), f"{what}: expected a {type(want).__name__} of {len(want)}, "
@@ -262,7 +264,13 @@ def expect_equal(got, want, what: str = "the result") -> None:
 
 def expect_close(got, want, what: str = "the result", *, rtol: float | None = None,
                  atol: float | None = None, exact: bool = False) -> None:
-    """In a ``compare`` function: ``got`` must be a tensor of ``want``'s shape and dtype, close to it."""
+    """In a ``compare`` function: ``got`` must be a tensor of ``want``'s shape and dtype, close to it.
+
+    Where ``want`` was computed on another machine (the public cases, see
+    :func:`values_from_another_machine`), floating-point values that miss the tolerance (or ``exact``)
+    still pass within that machine's rounding: :data:`ACROSS_MACHINES_ULPS` of the dtype's eps of the
+    tensor's largest magnitude.
+    """
     import torch
 
     if isinstance(got, Raised):
@@ -275,27 +283,128 @@ def expect_close(got, want, what: str = "the result", *, rtol: float | None = No
     if exact:
         ok = torch.equal(got, want) or (got.is_floating_point() and bool(
             ((got == want) | (got.isnan() & want.isnan())).all()))
-        if not ok:
-            raise CheckFailed(f"{what}: not bit-for-bit equal: {_mismatch(got, want)}")
+        if not ok and not _within_rounding_across_machines(got, want):
+            raise CheckFailed(f"{what}: not bit-for-bit equal: {_mismatch(got, want, 0.0, 0.0)}")
         return
     tolerance = {} if rtol is None and atol is None else {"rtol": rtol or 0.0, "atol": atol or 0.0}
     try:
         torch.testing.assert_close(got, want, equal_nan=True, **tolerance)
     except AssertionError:
-        raise CheckFailed(f"{what}: values differ: {_mismatch(got, want)}") from None
+        if _within_rounding_across_machines(got, want):
+            return
+        r, a = (tolerance["rtol"], tolerance["atol"]) if tolerance else _DEFAULT_TOLERANCE.get(
+            str(want.dtype).removeprefix("torch."), (0.0, 0.0))
+        raise CheckFailed(f"{what}: values differ: {_mismatch(got, want, r, a)}") from None
 
 
-def _mismatch(got, want) -> str:
+#: torch.testing.assert_close's tolerances (rtol, atol) per dtype, which a check without its own uses
+_DEFAULT_TOLERANCE = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5),
+                      "float64": (1e-7, 1e-7), "complex64": (1.3e-6, 1e-5), "complex128": (1e-7, 1e-7)}
+
+#: Where the course's values come from another machine — the public cases in ``exercises/public/``,
+#: computed once by ``make exercises`` — a float result of the learner's kernel differs from them by
+#: rounding alone: another CPU's matrix and reduction kernels add in another order, and an element
+#: that is a difference of near-equal sums differs by far more than its own eps (measured between the
+#: machine that made the files and an AMD EPYC: 06.2's unscaled gradients up to 1.3e-4 apart
+#: relatively, elementwise, but 2.9e-7 of the tensor's largest magnitude; 10.2's parameters after
+#: 20 SGD steps 6.0e-8 apart, bit-identical on one machine). So there a comparison that fails is
+#: tried again with each element allowed this many eps of its dtype (float32 and wider; 2 for 16-bit
+#: and 8-bit floats, whose own rounding dwarfs the order of the adds) times the tensor's largest
+#: finite magnitude (a Python float: this many float32 eps of its own size); NaNs and infinities
+#: must sit where the course's do. The instructor's grader computes the course's values on the
+#: machine that runs the notebook and compares as written.
+ACROSS_MACHINES_ULPS = 64
+_across_machines = contextvars.ContextVar("gpucourse_values_from_another_machine", default=False)
+
+
+@contextlib.contextmanager
+def values_from_another_machine(on: bool = True):
+    """Within it, :func:`expect_close` and :func:`expect_equal` allow for another machine's rounding
+    (:data:`ACROSS_MACHINES_ULPS`): the public judge compares under it. ``on=False``: as written."""
+    token = _across_machines.set(bool(on))
+    try:
+        yield
+    finally:
+        _across_machines.reset(token)
+
+
+def _within_rounding_across_machines(got, want) -> bool:
+    """Whether float tensors (or Python floats) ``got`` and ``want`` differ by another machine's
+    rounding alone — only inside :func:`values_from_another_machine`; False elsewhere. A Python
+    float may be off by :data:`ACROSS_MACHINES_ULPS` float32 eps of its own size.
+
+        >>> import torch
+        >>> want = torch.tensor([1.0, -1e-3, float("inf"), float("nan")])
+        >>> drift = want + torch.tensor([0.0, 2e-7, 0.0, 0.0])          # 2e-7: 1.7 eps of the largest, 1.0
+        >>> _within_rounding_across_machines(drift, want)
+        False
+        >>> with values_from_another_machine():
+        ...     (_within_rounding_across_machines(drift, want),
+        ...      _within_rounding_across_machines(want + torch.tensor([0.0, 1e-4, 0.0, 0.0]), want),
+        ...      _within_rounding_across_machines(torch.tensor([1.0, -1e-3, -math.inf, math.nan]), want))
+        (True, False, False)
+        >>> with values_from_another_machine():
+        ...     (_within_rounding_across_machines(0.1 + 1e-9, 0.1),
+        ...      _within_rounding_across_machines(0.1001, 0.1))
+        (True, False)
+    """
+    if not _across_machines.get():
+        return False
+    if isinstance(want, float):     # a Python float: most come from a float32 tensor (.item(), a loss)
+        return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(want) \
+            and math.isfinite(got) and abs(got - want) <= ACROSS_MACHINES_ULPS * 2.0 ** -23 * abs(want)
+    import torch
+
+    if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor) \
+            or not want.is_floating_point() or got.dtype != want.dtype or got.shape != want.shape:
+        return False
+    g, w = got.detach().double(), want.detach().double()
+    finite = w.isfinite()
+    if not torch.equal(g.isnan(), w.isnan()) or not torch.equal(g.isfinite(), finite) \
+            or not torch.equal(g[w.isinf()], w[w.isinf()]):
+        return False
+    if not bool(finite.any()):
+        return True
+    info = torch.finfo(want.dtype)
+    ulps = ACROSS_MACHINES_ULPS if info.bits >= 32 else 2
+    allowed = ulps * info.eps * float(w[finite].abs().max())
+    return bool(((g[finite] - w[finite]).abs() <= allowed).all())
+
+
+def _digits(dtype) -> int:
+    """Significant digits that tell two neighbouring values of ``dtype`` apart (float32: 9)."""
+    name = str(dtype).removeprefix("torch.")
+    digits = {"float64": 17, "complex128": 17, "float32": 9, "complex64": 9}
+    return digits.get(name, 5 if "float" in name else 17)
+
+
+def _mismatch(got, want, rtol: float = 0.0, atol: float = 0.0) -> str:
+    """Which elements miss ``atol + rtol * |want|`` (all that differ, when both are 0), and the worst:
+    its index, both values to as many digits as tell them apart, the difference and what was allowed.
+
+        >>> import torch
+        >>> got, want = torch.tensor([1.0, 2.0, -0.18685603]), torch.tensor([1.0, 2.0000002, -0.18685628])
+        >>> _mismatch(got, want, rtol=1e-6).split("; ")  # doctest: +NORMALIZE_WHITESPACE
+        ['1 of 3 elements differ beyond the tolerance',
+         'the largest at index (2,): expected -0.186856285, got -0.186856031 (difference 2.5e-07, allowed 1.9e-07)']
+    """
     import torch
 
     g, w = got.detach().double().reshape(-1), want.detach().double().reshape(-1)
     diff = (g - w).abs()
     diff = torch.where(g.isnan() & w.isnan(), torch.zeros_like(diff), diff.nan_to_num(math.inf))
-    i = int(diff.argmax())
+    allowed = atol + rtol * w.abs().nan_to_num(0.0, 0.0, 0.0)
+    over = torch.where(diff > allowed, diff - allowed, torch.zeros_like(diff))
+    worst = over if bool((over > 0).any()) else diff
+    i = int(worst.argmax())
     idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), tuple(want.shape))) if want.dim() else ()
-    bad = int((diff > 0).sum())
-    return (f"{bad} of {want.numel()} elements differ; the largest at index {idx}: expected "
-            f"{w[i].item():.6g}, got {g[i].item():.6g}")
+    bad = int((diff > allowed).sum())
+    d = _digits(want.dtype)
+    text = (f"{bad} of {want.numel()} elements differ{' beyond the tolerance' if rtol or atol else ''}; "
+            f"the largest at index {idx}: expected {w[i].item():.{d}g}, got {g[i].item():.{d}g}")
+    if rtol or atol:
+        text += f" (difference {diff[i].item():.2g}, allowed {allowed[i].item():.2g})"
+    return text
 
 
 def describe_call(name: str, case) -> str:

@@ -41,7 +41,8 @@ cell is not run, the names it defines stand for nothing) — so its checks regis
 ``cases``/``compare``/``describe``; it answers for the visible checks that have public cases, takes
 their inputs and the course's values from the file instead of drawing and running anything, and
 only for the public seed. Everything else (structure first, the compare, the messages, which say
-"public case k of n") is the code above.
+"public case k of n") is the code above — but the file's values were computed on another machine,
+so the compare allows floats that machine's rounding (:func:`.harness.values_from_another_machine`).
 """
 
 from __future__ import annotations
@@ -294,7 +295,10 @@ class Judge:
         kernel) or ``"kernel"`` (a learner's own check, timed where it ran). A timed hidden check
         (``max_slowdown``) whose values are right fails when that is over
         :func:`.harness.time_limit` of the course's time on the same inputs."""
-        verdict = self._compare_values(slot, seed, values)
+        # the public cases' values were computed on the machine that ran `make exercises`: floats may
+        # differ from this one's by rounding alone (harness.ACROSS_MACHINES_ULPS)
+        with harness.values_from_another_machine(self.public is not None):
+            verdict = self._compare_values(slot, seed, values)
         spec = self.specs[slot]
         if not verdict["passed"] or not spec.max_slowdown or seconds is None or self.public is not None:
             return verdict

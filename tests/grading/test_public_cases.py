@@ -290,6 +290,77 @@ def test_class_without_solutions_fails_the_untouched_release(class_folder):
     assert "0 of 4 checks pass on the public cases" in r.stdout
 
 
+# --- values computed on another machine --------------------------------------------------------------
+
+#: answers with a real mistake that rounding never makes: 06.2 unscaled through bfloat16 (about 3
+#: significant digits), 10.2 resumed without the optimizer's momentum
+_WRONG = {"06": ("p.grad.mul_(1.0 / scale)", "p.grad.copy_((p.grad.bfloat16() * (1.0 / scale)).float())"),
+          "10": ('    optimizer.load_state_dict(state["optimizer"])\n', "")}
+
+
+def _as_if_made_elsewhere(public: Path, slot: str) -> int:
+    """Move every float tensor of ``slot``'s stored values by what another CPU's rounding gives — 2 eps
+    of the tensor's largest magnitude, up and down in turn, on every finite element (the largest moves
+    by 2 units in its last place, a small one by much more than its own eps, as where another order
+    of adds meets cancellation). Returns how many tensors moved."""
+    import torch
+
+    doc = json.loads(public.read_text())
+    moved = [0]
+
+    def drift(v):
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel():
+            finite = v.isfinite()
+            if not bool(finite.any()):
+                return v
+            step = 2 * torch.finfo(v.dtype).eps * float(v[finite].abs().max())
+            signs = 1.0 - 2.0 * (torch.arange(v.numel()) % 2).reshape(v.shape).to(v.dtype)
+            moved[0] += 1
+            return torch.where(finite, v + step * signs, v)
+        if isinstance(v, (list, tuple)):
+            return type(v)(drift(x) for x in v)
+        if isinstance(v, dict):
+            return {k: drift(x) for k, x in v.items()}
+        return v
+
+    values = wire.loads(json.dumps(doc["slots"][slot]["reference"]))
+    doc["slots"][slot]["reference"] = json.loads(wire.pack([wire.encode(drift(v)) for v in values]))
+    public.write_text(json.dumps(doc))
+    return moved[0]
+
+
+@pytest.mark.slow
+def test_public_values_made_on_another_cpu_pass_honest_work_and_fail_wrong_work(class_folder):
+    """The public cases' values come from the machine that ran ``make exercises``; a learner's CPU
+    adds in another order. Seen on an AMD EPYC with the files as shipped: honest 06.2 failed ("values
+    differ … expected -0.186856, got -0.186856") and honest 10.2 was told "something the next steps
+    depend on was not restored". With their stored values moved as another CPU's rounding moves
+    them, honest work passes and the wrong answers fail."""
+    for chapter, slot in (("06", "06.2"), ("10", "10.2")):
+        moved = _as_if_made_elsewhere(public_file(class_folder / "exercises", chapter), slot)
+        assert moved >= 8, moved                                            # a tensor in every case
+    paths = {}
+    for chapter, (right, wrong) in _WRONG.items():
+        name = next((ROOT / "solutions").glob(f"{chapter}_*.ipynb")).name
+        honest = (ROOT / "solutions" / name).read_text()
+        assert json.dumps(right)[1:-1] in honest
+        for student, text in (("honest", honest), ("wrong", honest.replace(json.dumps(right)[1:-1],
+                                                                          json.dumps(wrong)[1:-1], 1))):
+            paths[student, chapter] = class_folder / "work" / f"{student}-{chapter}" / name
+            paths[student, chapter].parent.mkdir(parents=True)
+            paths[student, chapter].write_text(text)
+    for (student, chapter), path in paths.items():
+        r = _check_in_class(class_folder, path)
+        rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith(f"  {chapter}.")}
+        if student == "honest":
+            assert r.returncode == 0 and all("✓" in row for row in rows.values()) and len(rows) >= 4, r.stdout
+        else:
+            slot = f"{chapter}.2"
+            assert r.returncode == 1 and "✗" in rows[slot], r.stdout
+            assert all("✓" in row for cid, row in rows.items() if cid != slot), r.stdout
+            assert "public case" in rows[slot] and "expected" in rows[slot], rows[slot]
+
+
 CHEAT = '''
 
 def _from_the_public_file(slot, args, otherwise):
