@@ -327,7 +327,7 @@ def generate_public_cases(solutions_dir: str | Path, exercises_dir: str | Path, 
 
     A chapter's file is computed by the real judge (a :class:`.harness.JudgeProcess` on
     ``solutions_dir``: ``cases`` and ``reference`` requests with :data:`.public.PUBLIC_SEED`, the
-    visible checks only, the first :data:`.public.MAX_CASES` cases of each); it is out of date when
+    visible checks only, :data:`.public.MAX_CASES` cases of each); it is out of date when
     its slots are not exactly the release notebook's visible checks, a check cell's hash changed, or
     the solutions' cells it was computed from did (:func:`.public.public_problems`). Run it after
     :func:`generate_exercises` (it reads the release notebooks).

@@ -3,11 +3,12 @@
 Instructors keep ``solutions/`` to themselves, and the judge (:mod:`.judge`) needs the course's
 answers to compute the expected values. So ``make exercises`` ships, beside the release, each
 chapter's *public cases*: ``exercises/public/NN_public_cases.json``, the inputs each visible check
-draws from a fixed public seed (:data:`PUBLIC_SEED`) — the first :data:`MAX_CASES` of them — and the
-course's values on those inputs, computed by the real judge on ``solutions/``::
+draws from a fixed public seed (:data:`PUBLIC_SEED`) — at most :data:`MAX_CASES` of them, the first
+ones and the rare kinds and the last ones (:func:`select_public`) — and the course's values on those
+inputs, computed by the real judge on ``solutions/``::
 
     make exercises ──► JudgeProcess(NN, solutions/) ──► cases + reference, seed PUBLIC_SEED,
-                       visible checks only ──► the first MAX_CASES of each ──► public/NN_….json
+                       visible checks only ──► MAX_CASES of each ──► public/NN_….json
 
 It holds *data* only — wire text (:mod:`.wire`), seeds, content hashes — never code and nothing of a
 hidden check. Where ``solutions/`` is absent, a check (the check cell, ``python -m gpucourse check``,
@@ -37,14 +38,16 @@ from pathlib import Path
 
 __all__ = ["FORMAT", "MAX_CASES", "PUBLIC_SEED", "PublicCases", "build_public", "course_cells",
            "dumps_public", "find_public", "load_public", "public_file", "public_problems", "release_folder",
-           "source_fingerprint", "write_public"]
+           "select_public", "source_fingerprint", "write_public"]
 
 #: the seed every public case is drawn from (fixed: the same inputs on every machine, every run)
 PUBLIC_SEED = 20_250_039
-#: at most this many cases of each visible check are shipped (the first ones drawn)
-MAX_CASES = 25
-#: the file format's version
-FORMAT = 1
+#: at most this many cases of each visible check are shipped (:func:`select_public` picks them) ...
+MAX_CASES = 40
+#: ... the first this many of them (the first 25 alone were shipped before format 2)
+HEAD_CASES = 25
+#: the file format's version (2: the cases are picked from the whole draw, not its first ones)
+FORMAT = 2
 #: the folder, inside the release folder, that holds the public files
 FOLDER = "public"
 #: the largest public file read (a check's values are bounded by the wire's limit anyway)
@@ -140,7 +143,7 @@ def build_public(chapter: str, solutions_dir: str | os.PathLike, release_path: s
                  max_cases: int = MAX_CASES, seed: int = PUBLIC_SEED) -> dict:
     """Chapter ``chapter``'s public file (as a dict), computed by the real judge on ``solutions_dir``:
     ``cases`` and ``reference`` requests with the public seed, for the visible checks only, each cut
-    to its first ``max_cases`` cases."""
+    to ``max_cases`` of its cases (:func:`select_public`)."""
     import nbformat
 
     from .harness import JudgeProcess
@@ -171,16 +174,94 @@ def build_public(chapter: str, solutions_dir: str | os.PathLike, release_path: s
             total = len(cases["value"])
             if len(wants["value"]) != total or len(drawn["seeds"]) != total:
                 raise RuntimeError(f"{slot}: {total} cases but {len(wants['value'])} values")
-            n = min(max_cases, total)
+            kept = select_public(cases["value"], wants["value"], max_cases)
             slots[slot] = {"title": s["title"], "check_hash": release.checks[slot].hash, "cases_total": total,
-                           "seeds": drawn["seeds"][:n], "cases": {"wire": 1, "value": cases["value"][:n]},
-                           "reference": {"wire": 1, "value": wants["value"][:n]}}
+                           "seeds": [drawn["seeds"][i] for i in kept],
+                           "cases": {"wire": 1, "value": [cases["value"][i] for i in kept]},
+                           "reference": {"wire": 1, "value": [wants["value"][i] for i in kept]}}
     finally:
         judge.close()
     return {"about": ABOUT, "format": FORMAT, "chapter": chapter, "release": release_path.name,
             "seed": seed, "max_cases": max_cases,
             "source": source_fingerprint(solutions_nb, name=source.name),
             "course_cells": course_cells(solutions_nb, name=source.name), "slots": slots}
+
+
+def _kind(node, depth: int = 0):
+    """What sort of value a wire node is — its types and layout, not its numbers: ``(1, 2.5)`` and
+    ``(7, 0.1)`` are one kind, ``(1, None)``, ``[1, 2]`` and a raised ``ValueError`` each another. A
+    bool and a non-finite float count by value (``True`` and ``False``, ``inf`` and ``nan``, differ)."""
+    if depth > 8:
+        return "..."
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, (int, float, str)):
+        return type(node).__name__
+    if isinstance(node, list):
+        return ("list", tuple(sorted({repr(_kind(x, depth + 1)) for x in node})))
+    if not isinstance(node, dict):
+        return type(node).__name__
+    if "$raised" in node:
+        return ("raised", node["$raised"].get("type"))
+    if "$f" in node:
+        return ("float", node["$f"])
+    if "$tensor" in node:
+        t = node["$tensor"]
+        return ("tensor", t.get("dtype"), len(t.get("shape", [])))
+    if "$t" in node:
+        return ("tuple", tuple(_kind(x, depth + 1) for x in node["$t"]))
+    if "$record" in node or "$opaque" in node:
+        return (next(iter(node)), (node.get("$record") or node.get("$opaque") or {}).get("type"))
+    return ("dict", tuple(sorted((str(k), repr(_kind(v, depth + 1))) for k, v in node.items())))
+
+
+def select_public(cases: list, wants: list, max_cases: int = MAX_CASES, head: int = HEAD_CASES) -> list[int]:
+    """Which of a check's drawn cases a public file keeps (positions, in drawing order), at most
+    ``max_cases``. A check draws its fixed edges and random cases — the edges its title names (an
+    error it expects, a sum too small, a node list with brackets) listed first or after the random
+    ones. The first 25 alone, as shipped before, missed the ones after: 13 of the course's wrong
+    answers that the visible checks reject passed every public case (05.2 raising a KeyError for a
+    missing variable, 02.2 leaving a wrong sum to torch, 05.4 timing only the send). It keeps:
+
+    1. the first ``head`` cases;
+    2. one case of every kind of input and value the course's answer gives (:func:`_kind`) not kept
+       yet, the rarest kinds first — the edges are rare among random cases (at most a third of the
+       room left);
+    3. the last three cases;
+    4. cases spread evenly over the rest of the draw.
+
+        >>> cases = [[i] for i in range(100)] + [["empty"], ["too large"]]
+        >>> wants = [i % 7 for i in range(100)] + [{"$raised": {"type": "ValueError"}}] * 2
+        >>> select_public(cases, wants, 12, head=5)   # the head, the errors, the end, 4 spread out
+        [0, 1, 2, 3, 4, 16, 40, 63, 87, 99, 100, 101]
+        >>> select_public(cases[:5], wants[:5], 12, head=5)
+        [0, 1, 2, 3, 4]
+    """
+    n = len(cases)
+    if n <= max_cases:
+        return list(range(n))
+    kept = list(range(min(head, max_cases)))
+
+    def keep(i: int) -> None:
+        if len(kept) < max_cases and i not in kept:
+            kept.append(i)
+
+    kinds = [repr((_kind(c), _kind(w))) for c, w in zip(cases, wants)]
+    first: dict[str, int] = {}
+    for i, k in enumerate(kinds):
+        first.setdefault(k, i)
+    seen = {kinds[i] for i in kept}
+    count = {k: kinds.count(k) for k in first}
+    rare = [k for k in sorted(first, key=lambda k: (count[k], first[k])) if k not in seen]
+    for k in rare[: (max_cases - len(kept)) // 3]:
+        keep(first[k])
+    for i in (n - 3, n - 2, n - 1):
+        keep(i)
+    rest = [i for i in range(n) if i not in kept]           # more than the room left: n > max_cases
+    room = max_cases - len(kept)
+    for j in range(room):
+        keep(rest[int((j + 0.5) * len(rest) / room)])
+    return sorted(kept)
 
 
 def dumps_public(doc: dict) -> str:
@@ -334,7 +415,7 @@ def public_problems(path: str | os.PathLike, solutions_nb, release_path: str | o
         if slot in release.checks and s.check_hash != release.checks[slot].hash:
             problems.append(f"{path}: {slot}'s check cell changed since its public cases were computed")
         if len(s.seeds) != min(MAX_CASES, s.cases_total):
-            problems.append(f"{path}: {slot} holds {len(s.seeds)} cases, not the first {MAX_CASES}")
+            problems.append(f"{path}: {slot} holds {len(s.seeds)} cases, not {min(MAX_CASES, s.cases_total)}")
     if public.seed != PUBLIC_SEED or public.max_cases != MAX_CASES:
         problems.append(f"{path}: drawn from seed {public.seed} ({public.max_cases} cases), not {PUBLIC_SEED} "
                         f"({MAX_CASES})")

@@ -290,6 +290,48 @@ def test_class_without_solutions_fails_the_untouched_release(class_folder):
     assert "0 of 4 checks pass on the public cases" in r.stdout
 
 
+# --- which cases a public file holds -------------------------------------------------------------------
+
+#: wrong answers the visible checks reject on an edge their title names, drawn after the first 25
+#: cases; each passed every public case while a file held the first 25 alone
+EDGES_DRAWN_LATE = {"02": [("02.2", "lets torch complain (RuntimeError)"), ("02.2", "checks only a sum too large")],
+                    "05": [("05.2", "a KeyError for a missing variable"), ("05.4", "no warm-up"),
+                           ("05.4", "the textbook sums, uncentered")]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chapter", sorted(EDGES_DRAWN_LATE))
+def test_the_public_cases_hold_the_edges_a_check_draws_late(chapter):
+    """Planted in the course's notebook and checked by a public judge on the shipped file, each
+    wrong answer fails — the file holds the edges drawn after the random cases (the rare kinds of
+    input and value, the last cases), not the first 25 cases alone."""
+    import importlib
+
+    import _mutations
+
+    release = ROOT / "exercises"
+    judge = _mutations._Judge.__new__(_mutations._Judge)
+    judge.process = JudgeProcess(chapter, release, local=True, public=public_file(release, chapter))
+    judge.errors = judge.process.hello.get("errors", [])
+    visible = importlib.import_module(f"test_mutations_ch{chapter}").VISIBLE
+    saved = _mutations._judges.get(chapter)
+    _mutations._judges[chapter] = judge
+    try:
+        assert not judge.errors, judge.errors
+        for exercise, kind in EDGES_DRAWN_LATE[chapter]:
+            (v,) = _mutations.verdicts(chapter, exercise, visible[exercise][kind], seeds=[PUBLIC_SEED])
+            assert not v["visible"]["passed"], f"{exercise}: '{kind}' passed every public case"
+            assert "public case" in v["visible"]["message"], v["visible"]["message"]
+        (v,) = _mutations.verdicts(chapter, EDGES_DRAWN_LATE[chapter][0][0], None, seeds=[PUBLIC_SEED])
+        assert v["visible"]["passed"], v["visible"]["message"]           # the course's answer passes
+    finally:
+        judge.process.close()
+        if saved is None:
+            _mutations._judges.pop(chapter, None)
+        else:
+            _mutations._judges[chapter] = saved
+
+
 # --- values computed on another machine --------------------------------------------------------------
 
 #: answers with a real mistake that rounding never makes: 06.2 unscaled through bfloat16 (about 3
@@ -358,7 +400,7 @@ def test_public_values_made_on_another_cpu_pass_honest_work_and_fail_wrong_work(
             slot = f"{chapter}.2"
             assert r.returncode == 1 and "✗" in rows[slot], r.stdout
             assert all("✓" in row for cid, row in rows.items() if cid != slot), r.stdout
-            assert "public case" in rows[slot] and "expected" in rows[slot], rows[slot]
+            assert "public case" in rows[slot] and "beyond another machine's rounding too" in rows[slot], rows[slot]
 
 
 CHEAT = '''
