@@ -8,7 +8,9 @@
    miss there fails the benchmark whatever the times. Printed beside it, the floor measured in the
    same run: one worker started alone (no torchrun) and run for one step — Python, torch, the group,
    the model, the data —, which every restart pays again; (uninterrupted + that) / uninterrupted is
-   the least a restart can cost on this machine, whatever torchrun and the checkpoint do.
+   the least a restart can cost on this machine, whatever torchrun and the checkpoint do — and what
+   that start-up is made of: ``import torch`` and ``torch._dynamo``, which torch's DDP and
+   optimizers import (measured in fresh interpreters beside it, medians of 3), and the rest.
 2) DCP: an MLP sharded with FSDP2 over 1, 2 and 3 ranks saves a checkpoint (model + Adam state)
    and loads it back on as many ranks; the slowest rank's time is reported.
 
@@ -57,6 +59,14 @@ def _one_worker_start(folder, batch, size) -> float:
     return _train_elastic([], folder, 1, 5, batch, size)[0]
 
 
+def _import_seconds(code: str) -> float:
+    """Seconds a fresh interpreter takes to run ``code`` (imports)."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                   timeout=300)
+    return time.perf_counter() - start
+
+
 def _dcp(rank, world_size, folder, width):
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -95,7 +105,12 @@ def main(argv=None):
         same = len(clean_final) == 1 and clean_final == crashed_final
         # the floor: a restart starts its workers again (Python, torch, the group, the model) — what
         # one worker alone takes to start and run one step, the median of 3, in the same run
-        start_up = sorted(_one_worker_start(work / f"alone{k}", args.batch_size, size) for k in range(3))[1]
+        # and what it is made of, in fresh interpreters beside it (this machine's speed moves): Python,
+        # import torch, and torch._dynamo, which torch's DDP constructor and optimizer.step import
+        rounds = [(_one_worker_start(work / f"alone{k}", args.batch_size, size), _import_seconds("pass"),
+                   _import_seconds("import torch"), _import_seconds("import torch, torch._dynamo"))
+                  for k in range(3)]
+        start_up, bare, torch_s, dynamo_s = (sorted(column)[1] for column in zip(*rounds))
         floor = (clean + start_up) / clean
         print(f"{args.steps} steps, checkpoint every {args.checkpoint_every}, batch {args.batch_size}/rank: "
               f"uninterrupted {clean:.1f} s, crash before step {args.crash_at_step} + restart "
@@ -104,6 +119,11 @@ def main(argv=None):
               f"(uninterrupted + that) / uninterrupted = {floor:.2f}x on this machine (this run's floor)")
         print(f"restart overhead {ratio:.2f}x (target <= {TARGET}x): {'MET' if ratio <= TARGET else 'NOT MET'}"
               f"; the floor is {floor / ratio:.0%} of it (100%: all of the overhead is starting the workers again)")
+        print(f"  of the floor's {start_up:.1f} s: Python {bare:.2f} s, import torch {torch_s - bare:.2f} s, "
+              f"torch._dynamo {dynamo_s - torch_s:.2f} s (torch's DistributedDataParallel constructor and "
+              f"optimizer.step import it), the rest {start_up - dynamo_s:.2f} s (the group, the model, "
+              f"the data, one step): workers that kept torch imported (forked) would put the floor at "
+              f"{(clean + start_up - dynamo_s) / clean:.2f}x")
         print(f"checksums: {clean_final[0] if clean_final else '?'} | {crashed_final[0] if crashed_final else '?'}"
               f" -> {'EQUAL' if same else 'DIFFERENT'} (must be equal)")
         params = sum(q.numel() for q in gc.MLP(args.width, args.width, args.width, args.width, 10).parameters())
