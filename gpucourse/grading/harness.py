@@ -405,12 +405,14 @@ def _mismatch(got, want, rtol: float = 0.0, atol: float = 0.0) -> str:
         >>> _mismatch(got, want, rtol=1e-6).split("; ")  # doctest: +NORMALIZE_WHITESPACE
         ['1 of 3 elements differ beyond the tolerance',
          'the largest at index (2,): expected -0.186856285, got -0.186856031 (difference 2.5e-07, allowed 1.9e-07)']
+        >>> _mismatch(torch.tensor([math.inf, 1.0, math.nan]), torch.tensor([math.inf, 2.0, math.nan]))
+        '1 of 3 elements differ; the largest at index (1,): expected 2, got 1'
     """
     import torch
 
     g, w = got.detach().double().reshape(-1), want.detach().double().reshape(-1)
-    diff = (g - w).abs()
-    diff = torch.where(g.isnan() & w.isnan(), torch.zeros_like(diff), diff.nan_to_num(math.inf))
+    diff = (g - w).abs().nan_to_num(math.inf)          # one NaN: infinitely far; equal infinities: 0
+    diff = torch.where((g == w) | (g.isnan() & w.isnan()), torch.zeros_like(diff), diff)
     allowed = atol + rtol * w.abs().nan_to_num(0.0, 0.0, 0.0)
     over = torch.where(diff > allowed, diff - allowed, torch.zeros_like(diff))
     worst = over if bool((over > 0).any()) else diff
