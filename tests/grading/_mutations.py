@@ -55,8 +55,11 @@ _judges: dict = {}
 class _Judge:
     """A chapter's judge in a process of its own (as in ``grade``), asked over its pipe."""
 
-    def __init__(self, chapter: str):
-        self.process = harness.JudgeProcess(chapter, SOLUTIONS, local=True)
+    def __init__(self, chapter: str, public: Path | None = None):
+        """``public``: a public cases file — the judge of a class without ``solutions/``, which loads
+        the release next to it (:mod:`gpucourse.grading.public`)."""
+        folder = SOLUTIONS if public is None else public.parent.parent
+        self.process = harness.JudgeProcess(chapter, folder, local=True, public=public)
         self.errors = self.process.hello.get("errors", [])
 
     def cases(self, slot: str, seed: int) -> dict:
@@ -169,11 +172,12 @@ def _live_ranks():
     return ranks if ranks is not None and ranks.running else None
 
 
-def verdicts(chapter: str, exercise: str, answer, *, seeds: list[int], hidden: bool = False) -> list[dict]:
+def verdicts(chapter: str, exercise: str, answer, *, seeds: list[int], hidden: bool = False,
+             judge: _Judge | None = None) -> list[dict]:
     """Per seed, ``{"visible": verdict, "hidden": verdict}`` (hidden only when asked) for one planted
     answer. The notebook's cells run once; the check cell runs once per seed on that seed's cases
-    (as a learner re-running a check cell does)."""
-    judge = judge_of(chapter)
+    (as a learner re-running a check cell does). ``judge``: another than the chapter's (a public one)."""
+    judge = judge or judge_of(chapter)
     answers = None if answer is None else answer if isinstance(answer, (list, Every)) else [answer]
     mode = harness._state["mode"]
     results = []

@@ -310,27 +310,20 @@ def test_the_public_cases_hold_the_edges_a_check_draws_late(chapter):
 
     import _mutations
 
-    release = ROOT / "exercises"
-    judge = _mutations._Judge.__new__(_mutations._Judge)
-    judge.process = JudgeProcess(chapter, release, local=True, public=public_file(release, chapter))
-    judge.errors = judge.process.hello.get("errors", [])
+    judge = _mutations._Judge(chapter, public=public_file(ROOT / "exercises", chapter))
     visible = importlib.import_module(f"test_mutations_ch{chapter}").VISIBLE
-    saved = _mutations._judges.get(chapter)
-    _mutations._judges[chapter] = judge
     try:
         assert not judge.errors, judge.errors
         for exercise, kind in EDGES_DRAWN_LATE[chapter]:
-            (v,) = _mutations.verdicts(chapter, exercise, visible[exercise][kind], seeds=[PUBLIC_SEED])
+            (v,) = _mutations.verdicts(chapter, exercise, visible[exercise][kind], seeds=[PUBLIC_SEED],
+                                       judge=judge)
             assert not v["visible"]["passed"], f"{exercise}: '{kind}' passed every public case"
             assert "public case" in v["visible"]["message"], v["visible"]["message"]
-        (v,) = _mutations.verdicts(chapter, EDGES_DRAWN_LATE[chapter][0][0], None, seeds=[PUBLIC_SEED])
+        (v,) = _mutations.verdicts(chapter, EDGES_DRAWN_LATE[chapter][0][0], None, seeds=[PUBLIC_SEED],
+                                   judge=judge)
         assert v["visible"]["passed"], v["visible"]["message"]           # the course's answer passes
     finally:
         judge.process.close()
-        if saved is None:
-            _mutations._judges.pop(chapter, None)
-        else:
-            _mutations._judges[chapter] = saved
 
 
 # --- values computed on another machine --------------------------------------------------------------
