@@ -33,6 +33,7 @@ import contextlib
 import hashlib
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,12 +248,10 @@ def select_public(cases: list, wants: list, max_cases: int = MAX_CASES, head: in
             kept.append(i)
 
     kinds = [repr((_kind(c), _kind(w))) for c, w in zip(cases, wants)]
-    first: dict[str, int] = {}
-    for i, k in enumerate(kinds):
-        first.setdefault(k, i)
+    count = Counter(kinds)                         # in order of first appearance
+    first = {k: kinds.index(k) for k in count}
     seen = {kinds[i] for i in kept}
-    count = {k: kinds.count(k) for k in first}
-    rare = [k for k in sorted(first, key=lambda k: (count[k], first[k])) if k not in seen]
+    rare = [k for k in sorted(count, key=lambda k: (count[k], first[k])) if k not in seen]
     for k in rare[: (max_cases - len(kept)) // 3]:
         keep(first[k])
     for i in (n - 3, n - 2, n - 1):
