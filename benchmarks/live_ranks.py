@@ -16,6 +16,7 @@ What is timed, each the median of several runs:
 """
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -104,8 +105,11 @@ class _Kernel:
         return reply["content"]["status"]
 
     def close(self):
-        self.client.stop_channels()
-        self.km.shutdown_kernel(now=True)
+        try:
+            self.client.stop_channels()
+            self.km.shutdown_kernel(now=True)
+        finally:                        # the kernel's sockets lived here: nothing stays in the temp folder
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def round_trip_in_kernel(repeats: int = 50) -> list[float]:
