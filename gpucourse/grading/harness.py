@@ -519,11 +519,13 @@ def _only_the_cpu_can_start(torch) -> bool:
     Then a check seeds that generator alone, for every case. Before CUDA, XPU and MTIA start,
     ``torch.manual_seed`` queues their seeding for when they do, and records its caller's stack
     for each with ``traceback.format_stack()``: three walks over every frame, each asking
-    ``linecache`` about every frame's source file. In a kernel that was 0.4 ms a case, in a test run
-    4 ms (py-spy: half of the mutation tests' CPU time, 2026-12-07). Here none of them can start —
-    no CUDA device (``torch.cuda.device_count()``, which asks NVML where it can and never
-    initialises CUDA), no XPU or MTIA build, no MPS, no custom device — so those queued seeds would
-    never be applied. Wherever one could start, or already has, ``torch.manual_seed`` seeds as ever.
+    ``linecache`` about every frame's source file. That took 0.4 ms a call 40 frames down (about a
+    kernel's depth) and 3-4 ms 120 frames down (a test run; py-spy found half of the pytest workers'
+    own time in the mutation tests there, 2026-12-07). Here none of them can start — no CUDA device
+    (``torch.cuda.device_count()``, which asks NVML first and so leaves CUDA uninitialised where a
+    driver is installed), no XPU or MTIA build, no MPS, no custom device — so those queued seeds
+    would never be applied. Wherever one could start, or already has, ``torch.manual_seed`` seeds
+    as ever.
 
         >>> import torch
         >>> _only_the_cpu_can_start(torch) == (torch.cuda.device_count() == 0
