@@ -500,11 +500,13 @@ def _call(run: Callable, case):
     return run(case)
 
 
-def _seed_everything(seed: int) -> None:
+def _seed_everything(seed: int, cpu_only: bool) -> None:
+    """Seed ``random``, numpy and torch; ``cpu_only``: :func:`_only_the_cpu_can_start`, asked once
+    per check (``torch.cuda.device_count()`` tries NVML on every call)."""
     random.seed(seed)
     torch = sys.modules.get("torch")
     if torch is not None:
-        if _only_the_cpu_can_start(torch):
+        if cpu_only:
             torch.default_generator.manual_seed(seed)
         else:
             torch.manual_seed(seed)
@@ -580,9 +582,11 @@ def run_cases(run: Callable, cases: list, seeds: list[int]) -> list:
     live = sys.modules.get("gpucourse.runtime.live_ranks")     # loaded wherever live ranks run
     checking = live.checking if live is not None else contextlib.nullcontext
     _warm_vector_math()
+    torch = sys.modules.get("torch")
+    cpu_only = torch is not None and _only_the_cpu_can_start(torch)
     nodes = []
     for case, seed in zip(cases, seeds):
-        _seed_everything(seed)
+        _seed_everything(seed, cpu_only)
         blocked = False
         try:
             with checking(), hide_check_frames(run):

@@ -1,8 +1,9 @@
 """Every case of a check starts from its own seed, and seeding it costs no walk over the call stack.
 
 Before CUDA (XPU, MTIA) starts, ``torch.manual_seed`` records its caller's stack three times, to seed
-those devices when they do; a check seeds every case, and in a test run that was half the CPU time
-of the mutation tests. Where only the CPU can start, a case seeds the CPU's generator alone.
+those devices when they do; a check seeds every case, and in a test run that was half of the pytest
+workers' own time in the mutation tests. Where only the CPU can start, a case seeds the CPU's
+generator alone.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ def draw(n):
             random.random(), float(np.random.rand()))
 
 
+def plain(case):
+    return [v.tolist() if isinstance(v, torch.Tensor) else v for v in case]
+
+
 def values(nodes):
-    return [[v.tolist() if isinstance(v, torch.Tensor) else v for v in case]
-            for case in wire.loads(wire.pack(nodes))]
+    return [plain(case) for case in wire.loads(wire.pack(nodes))]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 0,
@@ -35,7 +39,7 @@ def test_a_case_draws_what_torch_manual_seed_gives_and_no_stack_is_recorded(monk
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed & 0xFFFFFFFF)
-        expected.append([v.tolist() if isinstance(v, torch.Tensor) else v for v in draw(4)])
+        expected.append(plain(draw(4)))
     calls = []
     monkeypatch.setattr(torch, "manual_seed", lambda seed: calls.append(seed))
     got = values(harness.run_cases(draw, [4] * len(seeds), seeds))

@@ -9,21 +9,22 @@ from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "live_ranks.py"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-@pytest.fixture
-def bench(monkeypatch):
-    monkeypatch.setattr(sys, "path", list(sys.path))      # the benchmark puts its folder first: undone after
-    spec = importlib.util.spec_from_file_location("live_ranks_bench", PATH)
+def load(name: str, monkeypatch):
+    """``benchmarks/<name>.py`` as a module (live_ranks.py puts its folder first on sys.path: undone
+    after the test)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 @pytest.mark.timeout(120)
-def test_a_closed_kernel_leaves_no_folder_behind(bench):
-    kernel = bench._Kernel().ready()
+def test_a_closed_kernel_leaves_no_folder_behind(monkeypatch):
+    kernel = load("live_ranks", monkeypatch)._Kernel().ready()
     folder = kernel.folder
     try:
         assert kernel.run("x = 1 + 1") == "ok"
@@ -35,12 +36,8 @@ def test_a_closed_kernel_leaves_no_folder_behind(bench):
 
 @pytest.mark.timeout(180)
 def test_the_overlap_benchmark_leaves_no_profiles_behind(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.syspath_prepend(str(PATH.parent))
-    spec = importlib.util.spec_from_file_location("overlap_bench", PATH.parent / "overlap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    overlap = load("overlap", monkeypatch)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    module.main(["--width", "32", "--batch", "4"])              # 4 profiles of 2 ranks (1.7 MB at full size)
+    overlap.main(["--width", "32", "--batch", "4"])             # 4 profiles of 2 ranks (1.7 MB at full size)
     assert "hidden under backward" in capsys.readouterr().out
     assert list(tmp_path.glob("overlap_*")) == []          # (torch may keep its own caches there)
